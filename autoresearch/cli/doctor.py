@@ -1,0 +1,3 @@
+"""CLI commands: doctor (being built)."""
+
+from . import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""CLI commands: prepare (being built)."""
+
+from . import app  # noqa: F401

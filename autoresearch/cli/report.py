@@ -1,0 +1,3 @@
+"""CLI commands: report (being built)."""
+
+from . import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""CLI commands: run (being built)."""
+
+from . import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""CLI commands: sweep (being built)."""
+
+from . import app  # noqa: F401

@@ -1,0 +1,86 @@
+"""What the runner passes to train.py, read in one place. train.py never reads os.environ itself."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    seq_len: int
+    vocab_size: int
+    eval_tokens: int
+    time_budget: float
+
+
+PROFILES = {
+    "gpu": Profile("gpu", seq_len=2048, vocab_size=8192, eval_tokens=10 * 2**20, time_budget=300.0),
+    "cpu": Profile("cpu", seq_len=256, vocab_size=2048, eval_tokens=2**15, time_budget=20.0),
+}
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("AR_CACHE") or Path.home() / ".cache" / "autoresearch")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def resolve_profile(name: str | None = None) -> Profile:
+    name = (name or os.environ.get("AR_PROFILE") or "auto").lower()
+    if name == "auto":
+        name = "gpu" if cuda_available() else "cpu"
+    if name not in PROFILES:
+        raise ValueError(f"AR_PROFILE={name!r} is not a profile; use one of: auto, {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    profile: Profile
+    time_budget: float
+    eval_tokens: int
+    result_file: Path | None
+    dataset: str
+    cache: Path
+    seed: int
+    peak_tflops: float | None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.cache / self.dataset
+
+    @classmethod
+    def from_environ(cls, environ: dict | None = None) -> "RunEnv":
+        e = os.environ if environ is None else environ
+        profile = resolve_profile(e.get("AR_PROFILE"))
+
+        def num(key, cast, default):
+            raw = e.get(key)
+            if raw in (None, ""):
+                return default
+            try:
+                return cast(raw)
+            except ValueError:
+                raise ValueError(f"{key}={raw!r} is not a number; unset it or give a number") from None
+
+        peak = num("AR_PEAK_TFLOPS", float, None)
+        result = e.get("AR_RESULT_FILE")
+        return cls(
+            profile=profile,
+            time_budget=num("AR_TIME_BUDGET", float, profile.time_budget),
+            eval_tokens=num("AR_EVAL_TOKENS", int, profile.eval_tokens),
+            result_file=Path(result) if result else None,
+            dataset=e.get("AR_DATASET") or "builtin",
+            cache=Path(e.get("AR_CACHE") or Path.home() / ".cache" / "autoresearch"),
+            seed=num("AR_SEED", int, 42),
+            peak_tflops=peak,
+        )
