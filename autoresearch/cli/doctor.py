@@ -1,3 +1,82 @@
-"""CLI commands: doctor (being built)."""
+"""CLI commands: doctor (the checklist and the backend probe) and init (a new workspace).
 
-from . import app  # noqa: F401
+`ar doctor` exits 1 when a check fails (✗: a run would not work), else 0. `ar doctor --probe` also exits 1
+when no candidate passed the correctness check (or none could run); on a machine without a CUDA GPU it says
+so in one line and adds nothing to the exit code (there is no backend to choose: CPU runs use fixed settings).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from . import app, console
+from .. import doctor as dr
+from ..config import load_config
+from ..workspace import init_workspace
+
+SYMBOL = {dr.OK: "[green]✓[/]", dr.WARN: "[yellow]![/]", dr.FAIL: "[red]✗[/]"}
+NO_GPU = "probe: needs a CUDA GPU; nothing to measure here (CPU runs use fixed settings)"
+
+
+@app.command()
+def doctor(
+    repo: Annotated[Path, typer.Option(help="The workspace to check.")] = Path("."),
+    config: Annotated[Optional[Path], typer.Option(help="The run config (dataset, agent, profile).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the checklist.")] = False,
+    probe: Annotated[bool, typer.Option("--probe", help="Measure attention/compile/batch paths on the GPU "
+                                        "and save the fastest correct one for train.py's \"auto\" knobs.")] = False,
+    probe_budget: Annotated[float, typer.Option(help="Seconds the probe may spend in all.")] = 180.0,
+) -> None:
+    """Check what a run needs, each line with its fix; --probe finds the fastest correct GPU path."""
+    cfg = load_config(config)
+    checks = dr.run_checks(repo, dataset=cfg.dataset, agent=getattr(cfg, "agent", None), profile=cfg.profile)
+    report = dr.probe(repo, budget_s=probe_budget) if probe else None
+    if as_json:
+        console.out(json.dumps({**dr.as_json(checks, report), **({"probe": None} if probe and not report else {})}))
+    else:
+        _print_checks(checks)
+        if report is not None:
+            _print_probe(report)
+        elif probe:
+            console.print(NO_GPU, highlight=False)
+    dr.raise_if_blocking(checks, report)
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="Where to create the workspace (new or empty).")],
+    force: Annotated[bool, typer.Option(help="Write into a non-empty directory.")] = False,
+) -> None:
+    """Create a workspace — train.py, program.md, configs/, .gitignore — as a git repo with a first commit."""
+    ws = init_workspace(directory, force=force)
+    console.print(f"created {ws.path} with {len(ws.files)} files (commit {ws.commit[:7]}). Next:",
+                  highlight=False, soft_wrap=True)
+    console.print(f"  cd {directory} && ar run --max-experiments 3\n  ar report", highlight=False)
+
+
+def _print_checks(checks: list[dr.Check]) -> None:
+    for c in checks:
+        fix = f" [dim]→ {escape(c.fix)}[/]" if c.fix else ""
+        console.print(f"{SYMBOL[c.state]} {c.name:<10} {escape(c.detail)}{fix}", highlight=False, soft_wrap=True)
+
+
+def _print_probe(report: dr.ProbeReport) -> None:
+    table = Table("candidate", "tokens/s", "MFU", "VRAM MB", "Δloss", "status", "why",
+                  title=f"probe ({report.seconds:.0f} s)", title_justify="left")
+    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for r in report.rows:
+        table.add_row(r["label"], num(r["tokens_per_s"], ",.0f"), num(r["mfu"], ".1f"), num(r["peak_vram_mb"], ",.0f"),
+                      num(r["max_loss_diff"], ".2%"), r["status"], escape(r["note"]))
+    console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    if report.choice is None:
+        console.print("[red]✗[/] no candidate passed the correctness check; train.py keeps its defaults")
+    else:
+        console.print(f"[green]✓[/] chosen: {report.choice.label} → {report.path}", highlight=False)

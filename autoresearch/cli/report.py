@@ -1,3 +1,42 @@
-"""CLI commands: report (being built)."""
+"""CLI commands: report — the best config, the top table, the per-knob summary, a progress plot, JSON."""
 
-from . import app  # noqa: F401
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from . import app, console
+from .. import report as rep
+
+
+@app.command()
+def report(
+    repo: Annotated[Path, typer.Option(help="The repository holding runs/.")] = Path("."),
+    tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the newest).")] = None,
+    all_tags: Annotated[bool, typer.Option("--all", help="Every tag under runs/, oldest first.")] = False,
+    top: Annotated[int, typer.Option(help="Rows in the top table.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Write the progress plot to this PNG.")] = None,
+) -> None:
+    """Read the results of a run or a sweep: the best config and how to reproduce it."""
+    tags, rows, message = rep.load(repo, tag, all_tags)
+    if message:
+        console.print(message, highlight=False, soft_wrap=True)
+        return
+    data = rep.build(rows, tags, top)
+    if plot is not None:
+        data["plot"] = str(rep.plot(rows, plot, title=f"{', '.join(tags)}: {len(rows)} experiments"))
+    if as_json:
+        console.out(json.dumps(data), highlight=False)
+        return
+    for s in rep.sections(data):
+        table = Table(*s.columns, title=s.title, title_justify="left")
+        for r in s.rows:
+            table.add_row(*r)
+        console.print(table)
+    if plot is not None:
+        console.print(f"plot: {data['plot']}", highlight=False)

@@ -1,3 +1,129 @@
-"""CLI commands: run (being built)."""
+"""CLI commands: run (the loop) and status (what a loop is doing, from any shell)."""
 
-from . import app  # noqa: F401
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from ..config import load_config
+from ..ledger import Row, Status
+from ..loop import Event, Summary, build, read_status
+from . import app, console
+
+_STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
+          "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}
+
+
+def _bpb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6f}"
+
+
+def _row_line(r: Row) -> Text:
+    t = Text(f"{r.exp_id or 0:04d} ")
+    t.append(f"{r.status.value:<11}", style=_STYLE.get(r.status.value, ""))
+    t.append(f" {_bpb(r.val_bpb):>9}  {r.commit or '-------':7}  {r.description}")
+    if r.reason and r.status is not Status.KEEP:
+        t.append(f"  ({r.reason})", style="dim")
+    return t
+
+
+class LiveView:
+    """Turns loop events into lines, and a live line (step, %, loss, tokens/s, MFU, remaining) while training."""
+
+    def __init__(self):
+        self.live = Live(Text(""), console=console, transient=True, refresh_per_second=4)
+        self._lock = threading.Lock()
+
+    def __call__(self, e: Event) -> None:
+        with self._lock:
+            if e.kind in ("info", "warn"):
+                self.live.console.print(Text(e.message, style="yellow" if e.kind == "warn" else ""))
+            elif e.kind == "start":
+                self.live.update(Text(f"{e.spec.id:04d} {e.spec.kind}: {e.message} …", style="dim"))
+            elif e.kind == "step":
+                p = e.step
+                mfu = "?" if p.mfu is None else f"{p.mfu:.1f}%"
+                self.live.update(Text(f"{e.spec.id:04d} step {p.step} | {p.pct:5.1f}% | loss {p.loss:.4f} | "
+                                      f"tok/s {p.tokens_per_s:,.0f} | mfu {mfu} | {p.remaining_s}s left"))
+            elif e.kind == "result":
+                self.live.update(Text(""))
+                self.live.console.print(_row_line(e.row))
+
+    def finish(self, s: Summary) -> None:
+        b = s.best
+        best = (f"best: {b.val_bpb:.6f} val_bpb at {b.commit} (experiment {b.exp_id or 0:04d}: {b.description})"
+                if b else "best: no kept result yet")
+        console.print(Text(best, style="bold"))
+        console.print(f"{s.experiments} experiment(s) this run, {s.kept} kept; results in {s.results}; "
+                      f"branch {s.branch}", highlight=False)
+
+
+@app.command()
+def run(
+    repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
+    tag: Annotated[Optional[str], typer.Option(help="Experiment tag: branch autoresearch/TAG, runs/TAG/ "
+                                                   "(default: today, like nov30). An existing tag resumes.")] = None,
+    proposer: Annotated[Optional[str], typer.Option(help="agent | grid | random | strategy "
+                                                        "(default: agent if --agent is set, else strategy).")] = None,
+    agent: Annotated[Optional[str], typer.Option(help="claude | codex | aider, or a command with {prompt} or "
+                                                     "{prompt_file}.")] = None,
+    max_experiments: Annotated[Optional[int], typer.Option(min=1, help="Stop after N experiments.")] = None,
+    max_hours: Annotated[Optional[float], typer.Option(min=0, help="Start no experiment after H hours.")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(help="Training seconds per experiment.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (see configs/run.yaml).")] = None,
+    calibrate_noise: Annotated[int, typer.Option(min=0, help="Run the baseline K times; store the spread as the "
+                                                              "keep threshold.")] = 0,
+    max_consecutive_crashes: Annotated[Optional[int], typer.Option(min=1, help="Stop after N failures in a row "
+                                                                               "(default 5).")] = None,
+) -> None:
+    """Propose, commit, train for a fixed budget, measure val_bpb, keep or revert — until a limit."""
+    cfg = load_config(config, {"proposer": proposer, "agent": agent, "time_budget": time_budget,
+                               "max_consecutive_crashes": max_consecutive_crashes})
+    view = LiveView()
+    loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,
+                 command="ar " + " ".join(sys.argv[1:]))
+    with view.live:
+        summary = loop.run(max_experiments, max_hours)
+    view.finish(summary)
+    raise typer.Exit(130 if summary.interrupted else 2 if summary.failed else 0)
+
+
+@app.command()
+def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path(".")) -> None:
+    """Who holds the lock, what runs now and how far it is, and the best result so far."""
+    st = read_status(repo)
+    console.print(_holder_line(st), highlight=False)
+    if st["tag"]:
+        console.print(_experiment_line(st), highlight=False)
+        b = st["best"]
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(st["counts"].items())) or "no results yet"
+        console.print(f"best: {_bpb(b['val_bpb'])} val_bpb at {b['commit']} ({b['description']})" if b else
+                      "best: none yet", highlight=False)
+        console.print(f"results: {counts} (runs/{st['tag']}/results.tsv)", highlight=False)
+
+
+def _holder_line(st: dict) -> str:
+    h = st["holder"]
+    if not h:
+        return f"no ar loop is running in {st['repo']}" + (f"; last tag: {st['tag']}" if st["tag"] else "")
+    return f"running: pid {h.get('pid')} on {h.get('host')} since {h.get('since')}, tag {h.get('tag')} " \
+           f"(`{h.get('command')}`)"
+
+
+def _experiment_line(st: dict) -> str:
+    s = st["status"] or {}
+    x, p = s.get("experiment"), s.get("step")
+    if not st["running"] or not x:
+        return "now: idle"
+    line = f"now: experiment {x['id']:04d} ({x['kind']}, {x['phase']}) {x.get('description') or ''}".rstrip()
+    if p and x["phase"] == "training":
+        mfu = "?" if p.get("mfu") is None else f"{p['mfu']:.1f}%"
+        line += (f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, tok/s {p['tokens_per_s']:,.0f}, "
+                 f"mfu {mfu}, {p['remaining_s']}s left")
+    return line

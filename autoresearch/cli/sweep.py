@@ -1,3 +1,45 @@
-"""CLI commands: sweep (being built)."""
+"""CLI commands: sweep — a grid of knob values × time budgets, one experiment per point, resumable."""
 
-from . import app  # noqa: F401
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from . import app, console
+from .. import sweep as sw
+from ..config import load_config
+from .run import LiveView
+
+
+@app.command()
+def sweep(
+    file: Annotated[Path, typer.Argument(help="The sweep file (YAML), e.g. configs/sweep-cpu-small.yaml.")],
+    repo: Annotated[Path, typer.Option(help="The repository with train.py.")] = Path("."),
+    config: Annotated[Optional[Path], typer.Option(help="Run config (YAML) for the runner settings.")] = None,
+    order: Annotated[Optional[str], typer.Option(help="listed (file order) or cheap-first (ascending budget).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the plan and its GPU time; run nothing.")] = False,
+    early_stop: Annotated[bool, typer.Option(help="Stop points clearly worse than the best at equal progress.")] = False,
+    validate_top: Annotated[int, typer.Option(min=0, help="Re-run the best K points with other seeds.")] = 0,
+    retry_crashed: Annotated[bool, typer.Option(help="Run crashed points again.")] = False,
+) -> None:
+    """Run a sweep file: each point a commit on autoresearch/sweep-<name>; a second call resumes it."""
+    cfg = load_config(config)
+    plan = sw.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
+    table = Table("#", "state", "budget", "point", title=f"plan ({order or plan.sweep.order})", title_justify="left")
+    for row in plan.rows():
+        table.add_row(*row)
+    console.print(table)
+    console.print(plan.summary(), highlight=False)
+    if dry_run:
+        return
+    view = LiveView()
+    with view.live:
+        result = sw.run_sweep(plan, cfg, early_stop=early_stop, validate_top=validate_top, on_event=view,
+                              command="ar " + " ".join(sys.argv[1:]))
+    for line in result.lines():
+        console.print(line, highlight=False)
+    raise typer.Exit(130 if result.interrupted else 2 if result.failed else 0)

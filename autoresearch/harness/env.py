@@ -53,6 +53,7 @@ class RunEnv:
     cache: Path
     seed: int
     peak_tflops: float | None
+    gpu_memory_gb: float | None  # emulate a smaller card (e.g. 32 for an RTX 5090) on a larger one
 
     @property
     def data_dir(self) -> Path:
@@ -83,4 +84,5 @@ class RunEnv:
             cache=Path(e.get("AR_CACHE") or Path.home() / ".cache" / "autoresearch"),
             seed=num("AR_SEED", int, 42),
             peak_tflops=peak,
+            gpu_memory_gb=num("AR_GPU_MEMORY_GB", float, None),
         )

@@ -37,12 +37,13 @@ def _fmt(v, digits: int) -> str:
     return str(v)
 
 
-def format_summary(*, val_bpb: float, training_seconds: float, total_seconds: float, peak_vram_mb: float,
+def format_summary(*, val_bpb: float, training_seconds: float, total_seconds: float, peak_vram_mb: float | None,
                    mfu_percent: float | None, total_tokens_M: float, num_steps: int, num_params_M: float,
                    depth: int, gpu: str, peak_tflops: float | None) -> str:
     values = dict(
         val_bpb=_fmt(float(val_bpb), 6), training_seconds=_fmt(float(training_seconds), 1),
-        total_seconds=_fmt(float(total_seconds), 1), peak_vram_mb=_fmt(float(peak_vram_mb), 1),
+        total_seconds=_fmt(float(total_seconds), 1),
+        peak_vram_mb=_fmt(None if peak_vram_mb is None else float(peak_vram_mb), 1),
         mfu_percent=_fmt(None if mfu_percent is None else float(mfu_percent), 2),
         total_tokens_M=_fmt(float(total_tokens_M), 1), num_steps=str(int(num_steps)),
         num_params_M=_fmt(float(num_params_M), 1), depth=str(int(depth)), gpu=gpu,

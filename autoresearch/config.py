@@ -1,0 +1,192 @@
+"""`ar run` configuration: YAML into a typed, validated RunConfig.
+
+What overrides what: **command-line flags > the config file (`--config FILE`) > the defaults below.**
+The keep threshold has one more layer: a flag or config value > `runs/<tag>/noise.json` (written by
+`ar run --calibrate-noise K`) > the default 0.002.
+Unknown keys and badly typed values are errors that name the key and the file, raised at load time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+PROPOSERS = ("agent", "grid", "random", "strategy")
+HOOK_EVENTS = ("run_started", "run_finished", "kept", "reverted", "crashed", "loop_finished")
+DEFAULT_NOISE = 0.002
+
+
+def _default_train_command() -> list[str]:
+    return [sys.executable, "train.py"]
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything `ar run` needs to know, with the defaults of a zero-config first run."""
+
+    # what runs
+    train_command: list[str] = field(default_factory=_default_train_command)  # run in the repo root
+    allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])  # what a proposal may change
+    profile: str = "auto"                  # gpu | cpu | auto (gpu when CUDA is available)
+    time_budget: float | None = None       # training seconds; None: the profile's (300 gpu, 20 cpu)
+    startup_allowance: float = 120.0       # seconds for imports/compile before training counts
+    eval_allowance: float = 120.0          # seconds for the final evaluation; hard timeout = sum of the three
+    eval_tokens: int | None = None         # validation tokens; None: the profile's
+    dataset: str = "builtin"               # cache subfolder; `builtin` is prepared automatically when missing
+    prepare_data: bool = True              # check (and for `builtin`, prepare) the data before the first run
+    seed: int = 42
+    max_log_mb: float = 50.0               # train.log cap per experiment
+    # deciding
+    noise: float | None = None             # keep only when val_bpb beats the best by more than this
+    confirm_new_best: bool = False         # re-run a would-be new best with another seed before keeping it
+    min_mfu: float | None = None           # degraded floors (percent, tokens/s), checked after warm-up
+    min_tokens_per_s: float | None = None
+    degraded_warmup_steps: int = 10
+    degraded_patience: int = 20
+    max_consecutive_crashes: int = 5       # crash, timeout or rejected in a row stops the loop
+    # proposing
+    proposer: str | None = None            # agent | grid | random | strategy; None: agent if `agent` is set
+    agent: str | None = None               # preset (claude, codex, aider) or a command with {prompt}/{prompt_file}
+    agent_timeout: float = 900.0
+    last_n_results: int = 10               # results shown in the agent's prompt
+    program: str = "program.md"            # the agent's instructions, relative to the repo
+    search_space: dict[str, list] = field(default_factory=dict)  # knob -> values, for grid and random
+    # around the loop
+    hooks: dict[str, list[str]] = field(default_factory=dict)  # event -> shell commands
+    hook_timeout: float = 30.0
+    gpus: list[int] | str | None = None    # reserved for GPU slots; only None is accepted for now
+
+    def noise_threshold(self, tag_dir: Path) -> tuple[float, str]:
+        """The keep threshold and where it came from: config, noise.json or the default."""
+        if self.noise is not None:
+            return self.noise, "config"
+        f = tag_dir / "noise.json"
+        if f.exists():
+            import json
+            try:
+                return float(json.loads(f.read_text())["noise"]), str(f)
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{f} is corrupt; delete it or re-run with --calibrate-noise K") from None
+        return DEFAULT_NOISE, "default"
+
+
+def _check_type(key: str, value: Any, source: str) -> Any:
+    """Coerce and validate one value against RunConfig's field type."""
+    where = f"{key} in {source}"
+    num = (int, float)
+    if value is None:
+        if key in {"time_budget", "eval_tokens", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus"}:
+            return None
+        raise ConfigError(f"{where} may not be empty")
+    if key == "train_command":
+        if isinstance(value, str):
+            value = shlex.split(value)
+        if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{where} must be a command string or a non-empty list of strings")
+        return value
+    if key == "allowed_paths":
+        if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+            raise ConfigError(f"{where} must be a non-empty list of paths")
+        bad = [v for v in value if v.startswith("/") or ".." in Path(v).parts or Path(v).parts[:1] == (".git",)]
+        if bad:
+            raise ConfigError(f"{where}: {bad[0]!r} must be a relative path inside the repo, not under .git")
+        return value
+    if key == "profile":
+        if value not in ("auto", "gpu", "cpu"):
+            raise ConfigError(f"{where} must be auto, gpu or cpu, not {value!r}")
+        return value
+    if key == "proposer":
+        if value not in PROPOSERS:
+            raise ConfigError(f"{where} must be one of {', '.join(PROPOSERS)}, not {value!r}")
+        return value
+    if key in ("agent", "dataset", "program"):
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where} must be a non-empty string")
+        return value
+    if key in ("prepare_data", "confirm_new_best"):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false")
+        return value
+    if key in ("seed", "eval_tokens", "degraded_warmup_steps", "degraded_patience", "max_consecutive_crashes",
+               "last_n_results"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, not {value!r}")
+        if key != "seed" and value < (1 if key in ("eval_tokens", "max_consecutive_crashes") else 0):
+            raise ConfigError(f"{where} must be positive, not {value}")
+        return value
+    if key in ("time_budget", "startup_allowance", "eval_allowance", "noise", "min_mfu", "min_tokens_per_s",
+               "agent_timeout", "hook_timeout", "max_log_mb"):
+        if isinstance(value, bool) or not isinstance(value, num):
+            raise ConfigError(f"{where} must be a number, not {value!r}")
+        if value < 0 or (value == 0 and key in ("time_budget", "agent_timeout", "hook_timeout", "max_log_mb")):
+            raise ConfigError(f"{where} must be positive, not {value}")
+        return float(value)
+    if key == "search_space":
+        if not isinstance(value, dict) or not all(isinstance(v, list) and v for v in value.values()):
+            raise ConfigError(f"{where} must map knob names to non-empty lists of values")
+        from .knobs import parse_value
+        return {str(k): [parse_value(x) if isinstance(x, str) else x for x in v] for k, v in value.items()}
+    if key == "hooks":
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must map events to lists of commands")
+        out = {}
+        for event, cmds in value.items():
+            if event not in HOOK_EVENTS:
+                raise ConfigError(f"unknown hook event {event!r} in {source}; events: {', '.join(HOOK_EVENTS)}")
+            cmds = [cmds] if isinstance(cmds, str) else cmds
+            if not (isinstance(cmds, list) and all(isinstance(c, str) and c.strip() for c in cmds)):
+                raise ConfigError(f"hooks.{event} in {source} must be a command or a list of commands")
+            out[event] = cmds
+        return out
+    if key == "gpus":
+        raise ConfigError(f"{where}: GPU slots are not available yet; remove the key")
+    raise AssertionError(f"no validation for {key}")  # every field must be handled above
+
+
+FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Build a RunConfig: defaults, then the YAML file at `path`, then `overrides` (flags; None values ignored)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{p}{line} is not valid YAML") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p} must be a YAML mapping of settings")
+        for key, value in raw.items():
+            if key not in FIELD_NAMES:
+                raise ConfigError(f"unknown key {key!r} in {p}; known keys: {', '.join(FIELD_NAMES)}")
+            values[key] = _check_type(key, value, str(p))
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in FIELD_NAMES:
+            raise AssertionError(f"unknown override {key}")
+        values[key] = _check_type(key, value, "the command line")
+    cfg = RunConfig(**values)
+    if cfg.proposer == "agent" and not cfg.agent:
+        raise ConfigError("proposer agent needs an agent: pass --agent claude|codex|aider|'COMMAND {prompt_file}'")
+    if cfg.proposer == "grid" and not cfg.search_space:
+        raise ConfigError("proposer grid needs search_space (knob -> list of values) in the config file")
+    return cfg
+
+
+def replace(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """A copy of cfg with validated changes."""
+    return dataclasses.replace(cfg, **{k: _check_type(k, v, "the command line") for k, v in changes.items()})

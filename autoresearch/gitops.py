@@ -1,0 +1,248 @@
+"""Git for the loop, always by SHA: the experiment branch, commits, resets, changed paths, experiment refs.
+
+Experiments live on `autoresearch/<tag>`. Every experiment commit also gets a ref
+`refs/ar/<tag>/<NNNN>`, so a discarded commit (reset away from the branch) stays reachable and its diff
+can still be read. Commits made here skip the repo's own git hooks.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+
+import git
+
+from .errors import GitError
+
+RUNS_DIR = "runs"
+_IDENTITY = {"GIT_AUTHOR_NAME": "ar", "GIT_AUTHOR_EMAIL": "ar@localhost",
+             "GIT_COMMITTER_NAME": "ar", "GIT_COMMITTER_EMAIL": "ar@localhost"}
+TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+def default_tag(today: _dt.date | None = None) -> str:
+    """Upstream's tag style: lower-case month and day, like `nov30`."""
+    d = today or _dt.date.today()
+    return d.strftime("%b").lower() + str(d.day)
+
+
+def check_tag(tag: str) -> str:
+    if not TAG_RE.match(tag) or ".." in tag or tag.endswith(".lock"):
+        raise GitError(f"tag {tag!r} must be lower-case letters, digits, '.', '_' or '-' (like nov30)")
+    return tag
+
+
+def branch_name(tag: str) -> str:
+    return f"autoresearch/{tag}"
+
+
+def short(sha: str) -> str:
+    return sha[:7]
+
+
+class GitRepo:
+    """A git working tree that ar drives."""
+
+    def __init__(self, path: str | Path):
+        try:
+            self.repo = git.Repo(Path(path), search_parent_directories=False)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise GitError(f"{path} is not a git repository; run `git init` there (or pass --repo)") from None
+        if self.repo.bare:
+            raise GitError(f"{path} is a bare repository; ar needs a working tree")
+        self.root = Path(self.repo.working_tree_dir).resolve()
+        self.git_dir = Path(self.repo.git_dir).resolve()
+        self._env = None if self._has_identity() else _IDENTITY
+
+    def _has_identity(self) -> bool:
+        try:
+            self.repo.git.config("user.email")
+            self.repo.git.config("user.name")
+            return True
+        except git.GitCommandError:
+            return False
+
+    def _git(self, *args: str, **kw) -> str:
+        try:
+            return self.repo.git.execute(["git", "-c", "core.hooksPath=/dev/null", *args],
+                                         env=self._env, **kw)
+        except git.GitCommandError as e:
+            msg = (e.stderr or e.stdout or str(e)).strip().replace("stderr: ", "")
+            raise GitError(f"git {' '.join(args[:2])} failed in {self.root}: {msg}") from None
+
+    # -- state -------------------------------------------------------------------------------------------
+    def ensure_commits(self) -> None:
+        if not self.repo.head.is_valid():
+            raise GitError(f"{self.root} has no commits yet; commit train.py first (git add train.py && git commit)")
+
+    def head_sha(self) -> str:
+        return self._git("rev-parse", "HEAD")
+
+    def resolve(self, rev: str) -> str:
+        """Full SHA of a commit-ish (a short SHA from results.tsv works)."""
+        return self._git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+
+    def current_branch(self) -> str | None:
+        try:
+            return self.repo.active_branch.name
+        except TypeError:  # detached HEAD
+            return None
+
+    def dirty_paths(self) -> list[str]:
+        """Tracked files that differ from HEAD (staged or not)."""
+        out = self._git("status", "--porcelain", "--untracked-files=no", "-z")
+        return [e[3:] for e in out.split("\0") if e]
+
+    def tracked_changes(self, sha: str) -> list[str]:
+        """Tracked paths where the working tree differs from commit `sha` (untracked files not included)."""
+        out = self._git("diff", "--name-only", "-z", "--no-renames", sha, "--")
+        return sorted(filter(None, out.split("\0")))
+
+    def ensure_clean(self) -> None:
+        dirty = self.dirty_paths()
+        if dirty:
+            shown = ", ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
+            raise GitError(f"the working tree has uncommitted changes ({shown}); commit them "
+                           "(git commit -am '…') or put them aside (git stash) before `ar run`")
+
+    def ensure_ignored(self, pattern: str = f"/{RUNS_DIR}/") -> None:
+        """Make sure `pattern` is ignored, through .git/info/exclude so that nothing gets committed."""
+        exclude = self.git_dir / "info" / "exclude"
+        text = exclude.read_text() if exclude.exists() else ""
+        if pattern not in text.splitlines():
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") +
+                               f"# ar: experiment results\n{pattern}\n")
+
+    def clear_stale_index_lock(self) -> bool:
+        """Remove .git/index.lock left by a killed git process; call only while holding ar's repo lock."""
+        lock = self.git_dir / "index.lock"
+        if lock.exists():
+            lock.unlink()
+            return True
+        return False
+
+    # -- branch ------------------------------------------------------------------------------------------
+    def branch_exists(self, tag: str) -> bool:
+        return branch_name(tag) in [h.name for h in self.repo.heads]
+
+    def checkout_branch(self, tag: str) -> bool:
+        """Check out autoresearch/<tag>, creating it from HEAD if missing. True when it was created."""
+        name = branch_name(check_tag(tag))
+        if self.branch_exists(tag):
+            if self.current_branch() != name:
+                self._git("checkout", "--quiet", name)
+            return False
+        self._git("checkout", "--quiet", "-b", name)
+        return True
+
+    # -- changes -----------------------------------------------------------------------------------------
+    def untracked(self) -> dict[str, tuple[int, int]]:
+        """Untracked, not ignored files -> (size, mtime_ns)."""
+        out = self._git("ls-files", "--others", "--exclude-standard", "-z")
+        snap = {}
+        for p in filter(None, out.split("\0")):
+            try:
+                st = (self.root / p).stat()
+                snap[p] = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                continue
+        return snap
+
+    def changed_paths(self, sha: str, untracked_before: dict[str, tuple[int, int]] | None = None) -> list[str]:
+        """Paths where the working tree differs from commit `sha`: tracked changes, deletions, and untracked
+        files (those not in `untracked_before`, or changed since), ignored files excluded."""
+        out = self._git("diff", "--name-only", "-z", "--no-renames", sha, "--")
+        paths = set(filter(None, out.split("\0")))
+        # `git diff <sha>` compares against the index for untracked-but-staged; add staged-only entries too
+        staged = self._git("diff", "--name-only", "-z", "--no-renames", "--cached", sha, "--")
+        paths |= set(filter(None, staged.split("\0")))
+        before = untracked_before or {}
+        for p, st in self.untracked().items():
+            if before.get(p) != st:
+                paths.add(p)
+        return sorted(paths)
+
+    def diff(self, a: str, b: str | None = None, paths: list[str] | None = None) -> str:
+        """Unified diff a..b (b None: the working tree)."""
+        args = ["diff", "--no-color", a] + ([b] if b else []) + ["--"] + list(paths or [])
+        return self._git(*args, strip_newline_in_stdout=False)
+
+    # -- writing -----------------------------------------------------------------------------------------
+    def commit(self, paths: list[str], message: str, *, allow_empty: bool = False) -> str:
+        """Stage `paths` (additions, edits, deletions) and commit them; returns the new SHA."""
+        self._git("add", "--all", "--", *paths)
+        args = ["commit", "--quiet", "--no-verify", "-m", message]
+        if allow_empty:
+            args.append("--allow-empty")
+        self._git(*args)
+        return self.head_sha()
+
+    def reset_hard(self, sha: str) -> None:
+        """Move the current branch and the working tree to `sha` (a full SHA, never a relative rev)."""
+        assert re.fullmatch(r"[0-9a-f]{7,40}", sha), sha
+        self._git("reset", "--quiet", "--hard", sha)
+
+    def remove_untracked(self, paths: list[str]) -> None:
+        """Delete the given untracked files (a proposal's new files); ignored files are never touched."""
+        for p in paths:
+            f = self.root / p
+            if f.is_file() or f.is_symlink():
+                f.unlink()
+            for parent in f.parents:
+                if parent == self.root or not parent.is_dir() or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+
+    def checkout_paths(self, sha: str, paths: list[str]) -> None:
+        """Write the files at `paths` from commit `sha` into the working tree (and index)."""
+        self._git("checkout", sha, "--", *paths)
+
+    # -- experiment refs ---------------------------------------------------------------------------------
+    def keep_ref(self, tag: str, exp_id: int, sha: str) -> None:
+        self._git("update-ref", f"refs/ar/{tag}/{exp_id:04d}", sha)
+
+    def exp_refs(self, tag: str) -> dict[int, str]:
+        out = self._git("for-each-ref", "--format=%(refname) %(objectname)", f"refs/ar/{tag}/")
+        refs = {}
+        for line in filter(None, out.splitlines()):
+            name, sha = line.split()
+            refs[int(name.rsplit("/", 1)[1])] = sha
+        return refs
+
+    def delete_ref(self, tag: str, exp_id: int) -> None:
+        self._git("update-ref", "-d", f"refs/ar/{tag}/{exp_id:04d}")
+
+    def commits_since(self, base: str) -> list[str]:
+        """SHAs on HEAD after `base`, oldest first."""
+        out = self._git("rev-list", "--reverse", f"{base}..HEAD")
+        return out.split()
+
+    def file_at(self, sha: str, path: str) -> str:
+        return self._git("show", f"{sha}:{path}", strip_newline_in_stdout=False)
+
+
+def git_state(git_dir: Path) -> dict[str, str]:
+    """A fingerprint of what a proposal must never touch inside .git: config, hooks, HEAD, refs, info/."""
+    import hashlib
+    state = {}
+    for rel in ("config", "HEAD", "packed-refs", "info/exclude", "info/attributes", "info/grafts", "shallow"):
+        f = git_dir / rel
+        state[rel] = hashlib.sha1(f.read_bytes()).hexdigest() if f.is_file() else ""
+    for sub in ("hooks", "refs/heads", "refs/tags", "refs/ar"):
+        d = git_dir / sub
+        if d.is_dir():
+            for f in sorted(d.rglob("*")):
+                if f.is_file():
+                    try:
+                        state[str(f.relative_to(git_dir))] = hashlib.sha1(f.read_bytes()).hexdigest()
+                    except OSError:
+                        continue
+    return state
+
+
+def environ_without_git() -> dict[str, str]:
+    """os.environ minus GIT_* variables that would redirect a child's git to another repo."""
+    return {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}

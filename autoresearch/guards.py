@@ -1,0 +1,181 @@
+"""Checks on a proposal before it is committed: what changed, and what train.py now says.
+
+Scope: only the allowed paths (default `train.py`) may differ from the parent commit. Anything else —
+the harness, configs, program.md, tests, a new file, a deleted file, anything inside .git (config, hooks,
+HEAD, refs) or the loop's own bookkeeping under runs/<tag>/ — rejects the proposal.
+Content: train.py must parse, and must not touch what the runner owns: the AR_* run variables, writes to
+os.environ with computed keys, the evaluator record path, or the time budget / evaluation size / seed of
+the run environment. These content checks are a first line; the runner's own clock, the hard timeout and
+the val_bpb cross-check with the evaluator record are what make the budget and the metric hold.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import GitError
+from .gitops import GitRepo, git_state
+
+RUNNER_ENV = ("AR_TIME_BUDGET", "AR_EVAL_TOKENS", "AR_RESULT_FILE", "AR_SEED", "AR_DATASET", "AR_CACHE",
+              "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE")
+RUNNER_FIELDS = ("time_budget", "eval_tokens", "result_file", "seed")
+BOOKKEEPING = ("results.tsv", "queue.jsonl", "hooks.jsonl", "noise.json", "meta.json")
+
+
+@dataclass
+class Snapshot:
+    """What must not change while a proposal is made, taken just before it."""
+
+    parent: str
+    untracked: dict[str, tuple[int, int]]
+    git: dict[str, str]
+    runs: dict[str, tuple[int, int]]               # files under runs/<tag>/ -> (size, mtime_ns)
+    backups: dict[str, bytes] = field(default_factory=dict)  # bookkeeping files' bytes, to restore
+
+
+def _runs_files(tag_dir: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    if tag_dir.is_dir():
+        for f in tag_dir.rglob("*"):
+            if f.is_file() and f.name != "status.json":
+                st = f.stat()
+                out[str(f.relative_to(tag_dir))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def snapshot(repo: GitRepo, parent: str, tag_dir: Path) -> Snapshot:
+    backups = {n: (tag_dir / n).read_bytes() for n in BOOKKEEPING if (tag_dir / n).is_file()}
+    return Snapshot(parent, repo.untracked(), git_state(repo.git_dir), _runs_files(tag_dir), backups)
+
+
+def _allowed(path: str, allowed: list[str]) -> bool:
+    return any(path == a or fnmatch.fnmatch(path, a) for a in allowed)
+
+
+def check_scope(repo: GitRepo, snap: Snapshot, allowed: list[str], tag_dir: Path,
+                exclude_prefix: str | None = None) -> tuple[list[str], str | None]:
+    """(changed paths, reason to reject or None). `exclude_prefix`: a folder under runs/<tag>/ the proposer
+    may write to (its own log, its description)."""
+    now_git = git_state(repo.git_dir)
+    touched_git = sorted(k for k in set(now_git) | set(snap.git) if now_git.get(k) != snap.git.get(k))
+    if touched_git:
+        return [], f"the proposal changed .git/{touched_git[0]}" + (f" and {len(touched_git) - 1} more" if
+                                                                  len(touched_git) > 1 else "")
+    now_runs = _runs_files(tag_dir)
+    touched_runs = sorted(k for k in set(now_runs) | set(snap.runs)
+                          if now_runs.get(k) != snap.runs.get(k) and not (exclude_prefix and k.startswith(exclude_prefix)))
+    if touched_runs:
+        return [], f"the proposal changed {tag_dir.name}/{touched_runs[0]} under runs/ (the loop's records)"
+    changed = repo.changed_paths(snap.parent, snap.untracked)
+    outside = [p for p in changed if not _allowed(p, allowed)]
+    if outside:
+        more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
+        return changed, f"the proposal changed {outside[0]}{more}; only {', '.join(allowed)} may change"
+    return changed, None
+
+
+def restore(repo: GitRepo, snap: Snapshot, tag_dir: Path) -> None:
+    """Put the working tree back to the parent commit and the loop's bookkeeping back as it was."""
+    new_untracked = [p for p, st in repo.untracked().items() if snap.untracked.get(p) != st and p not in snap.untracked]
+    repo.reset_hard(snap.parent)
+    repo.remove_untracked(new_untracked)
+    tag_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in snap.backups.items():
+        f = tag_dir / name
+        if not f.is_file() or f.read_bytes() != data:
+            with open(f, "wb") as fh:  # in place: keep any open append handles pointing at the same file
+                fh.write(data)
+                fh.flush()
+
+
+def _runner_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        for name in RUNNER_ENV:
+            if name in node.value:
+                return name
+    return None
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" or isinstance(node, ast.Name) and \
+        node.id == "environ"
+
+
+def _findings(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(kind, detail, line) for every construct in the source that reaches for what the runner owns."""
+    out = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        name = _runner_name(node)
+        if name:
+            out.append(("names", name, line))
+        elif isinstance(node, ast.Attribute) and node.attr == "result_file":
+            out.append(("uses the evaluator record path", "result_file", line))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for sub in (s for t in targets for s in ast.walk(t)):
+                if isinstance(sub, ast.Attribute) and sub.attr in RUNNER_FIELDS:
+                    out.append(("assigns", "." + sub.attr, line))
+                if isinstance(sub, ast.Subscript) and _is_environ(sub.value) and not isinstance(sub.slice, ast.Constant):
+                    out.append(("writes os.environ with", "a computed key", line))
+        elif isinstance(node, ast.Call):
+            f = node.func
+            fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if isinstance(f, ast.Attribute) and _is_environ(f.value) and fname in ("update", "pop", "clear"):
+                out.append(("changes os.environ with", fname, line))
+            if fname in ("putenv", "unsetenv", "__setattr__"):
+                out.append(("calls", fname, line))
+            if fname == "replace":
+                for kw in node.keywords:
+                    if kw.arg in RUNNER_FIELDS:
+                        out.append(("replaces", kw.arg, line))
+    return out
+
+
+def check_source(text: str, path: str = "train.py", parent_text: str | None = None) -> str | None:
+    """A reason to reject this train.py, or None. With `parent_text`, only constructs the parent did not
+    already have count (the shipped train.py may legitimately hand the record path to the evaluator)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as e:
+        return f"{path} does not parse: line {e.lineno}: {e.msg}"
+    known: dict[tuple[str, str], int] = {}
+    if parent_text is not None:
+        try:
+            for kind, detail, _ in _findings(ast.parse(parent_text)):
+                known[(kind, detail)] = known.get((kind, detail), 0) + 1
+        except SyntaxError:
+            pass
+    for kind, detail, line in sorted(_findings(tree), key=lambda f: f[2]):
+        if known.get((kind, detail), 0) > 0:
+            known[(kind, detail)] -= 1
+            continue
+        return f"{path} line {line} {kind} {detail}, which belongs to the runner"
+    return None
+
+
+def check_files(repo: GitRepo, parent: str, paths: list[str]) -> str | None:
+    """Content checks for the changed allowed paths that are Python files, against their parent version."""
+    for p in paths:
+        f = repo.root / p
+        if f.suffix == ".py" and f.is_file():
+            try:
+                parent_text = repo.file_at(parent, p)
+            except GitError:
+                parent_text = None
+            reason = check_source(f.read_text(errors="replace"), p, parent_text)
+            if reason:
+                return reason
+    return None
+
+
+def fingerprint(root: Path, paths: list[str]) -> str:
+    h = hashlib.sha1()
+    for p in sorted(paths):
+        f = root / p
+        h.update(p.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"<none>") + b"\0")
+    return h.hexdigest()

@@ -1,0 +1,399 @@
+"""results.tsv and the per-experiment folders under runs/<tag>/.
+
+One row per experiment, tab-separated, upstream's five columns first (commit, val_bpb, memory_gb, status,
+description) and ours after them. A missing number is an empty field, never 0. Each row is a single
+`write` + fsync of a complete line, so a kill leaves either the whole row or a partial last line; the next
+append (or read) notices a partial last line, warns, and drops it rather than gluing it to the next row.
+
+`append_line` is the durable-append primitive shared by the ledger, the queue and the hooks journal.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Callable
+
+from .errors import ArError
+
+log = logging.getLogger(__name__)
+
+Warn = Callable[[str], None]
+
+
+class LedgerError(ArError):
+    """A results, queue or journal file under runs/ that cannot be read or written."""
+
+
+class Status(str, Enum):
+    KEEP = "keep"
+    DISCARD = "discard"
+    CRASH = "crash"
+    REJECTED = "rejected"
+    TIMEOUT = "timeout"
+    DEGRADED = "degraded"
+    INTERRUPTED = "interrupted"
+    PRUNED = "pruned"
+    STALE = "stale"
+    VALIDATION = "validation"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+UPSTREAM_COLUMNS = ("commit", "val_bpb", "memory_gb", "status", "description")
+COLUMNS = UPSTREAM_COLUMNS + (
+    "exp_id", "tag", "parent", "mfu", "tokens_per_s", "training_seconds", "total_seconds", "num_steps",
+    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "finished_at",
+)
+HEADER = "\t".join(COLUMNS) + "\n"
+
+# How each numeric column is written (digits after the point) and read back.
+_FLOATS = {"val_bpb": 6, "memory_gb": 1, "mfu": 2, "tokens_per_s": 0, "training_seconds": 1,
+           "total_seconds": 1, "total_tokens_M": 1}
+_INTS = ("exp_id", "num_steps", "seed")
+_TIMESTAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{2}|Z)$")
+
+
+def now_iso() -> str:
+    """Local time with its UTC offset, to the second: the format of started_at / finished_at."""
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+@dataclass
+class Row:
+    commit: str
+    val_bpb: float | None
+    memory_gb: float | None
+    status: Status
+    description: str
+    exp_id: int | None = None
+    tag: str = ""
+    parent: str = ""
+    mfu: float | None = None
+    tokens_per_s: float | None = None
+    training_seconds: float | None = None
+    total_seconds: float | None = None
+    num_steps: int | None = None
+    total_tokens_M: float | None = None
+    time_budget: float | None = None
+    seed: int | None = None
+    knobs: dict = field(default_factory=dict)
+    reason: str = ""
+    started_at: str = ""
+    finished_at: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = Status(self.status).value
+        return d
+
+    def to_fields(self) -> list[str]:
+        out = []
+        for name in COLUMNS:
+            v = getattr(self, name)
+            if name == "status":
+                out.append(Status(v).value)
+            elif name == "knobs":
+                out.append(json.dumps(v, separators=(",", ":"), sort_keys=True) if v else "")
+            elif v is None:
+                out.append("")
+            elif name in _FLOATS:
+                out.append(f"{float(v):.{_FLOATS[name]}f}" if math.isfinite(float(v)) else "")
+            elif name in _INTS:
+                out.append(str(int(v)))
+            elif name == "time_budget":
+                out.append(f"{float(v):g}")
+            else:  # text: one line per row, always
+                out.append(" ".join(str(v).splitlines()))
+        return out
+
+
+def _format_line(row: Row) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, dialect="excel-tab", lineterminator="\n").writerow(row.to_fields())
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+def _num(name: str, raw: str, cast):
+    raw = raw.strip()
+    if raw == "":
+        return None
+    try:
+        v = cast(raw)
+    except ValueError:
+        raise ValueError(f"{name} {raw!r} is not a number") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _status(raw: str) -> Status:
+    try:
+        return Status(raw.strip().lower())
+    except ValueError:
+        raise ValueError(f"status {raw.strip()!r} is not one of {', '.join(s.value for s in Status)}") from None
+
+
+def _row_from_fields(header: tuple[str, ...], fields: list[str], upstream: bool) -> Row:
+    if len(fields) != len(header):
+        raise ValueError(f"{len(fields)} fields, the header has {len(header)}")
+    d = dict(zip(header, fields))
+    status = _status(d["status"])
+    val_bpb = _num("val_bpb", d["val_bpb"], float)
+    memory_gb = _num("memory_gb", d["memory_gb"], float)
+    if val_bpb is not None and val_bpb <= 0:  # upstream writes 0.000000 for a crash
+        val_bpb = None
+    if upstream and status is Status.CRASH and memory_gb == 0:
+        memory_gb = None
+    row = Row(commit=d["commit"].strip(), val_bpb=val_bpb, memory_gb=memory_gb, status=status,
+              description=d["description"])
+    if upstream:
+        return row
+    for name in _FLOATS:
+        if name in d and name not in ("val_bpb", "memory_gb"):
+            setattr(row, name, _num(name, d[name], float))
+    for name in _INTS:
+        if name in d:
+            setattr(row, name, _num(name, d[name], int))
+    if "time_budget" in d:
+        row.time_budget = _num("time_budget", d["time_budget"], float)
+    if d.get("knobs", "").strip():
+        try:
+            knobs = json.loads(d["knobs"])
+        except json.JSONDecodeError:
+            raise ValueError(f"knobs {d['knobs'][:60]!r} is not JSON") from None
+        if not isinstance(knobs, dict):
+            raise ValueError("knobs is not a JSON object")
+        row.knobs = knobs
+    for name in ("tag", "parent", "reason", "started_at", "finished_at"):
+        if name in d:
+            setattr(row, name, d[name])
+    return row
+
+
+def _split(line: str, upstream: bool) -> list[str]:
+    if upstream:  # upstream's files are plain tab-separated: a stray quote is text, extra tabs are description
+        return line.split("\t", 4)
+    return next(csv.reader([line], dialect="excel-tab"))
+
+
+def _parse_header(line: str, name: str) -> tuple[tuple[str, ...], bool]:
+    cols = tuple(c.strip() for c in line.rstrip("\r\n").split("\t"))
+    if cols[:5] != UPSTREAM_COLUMNS:
+        raise LedgerError(f"{name} line 1: not a results.tsv header (it must start with "
+                          f"{', '.join(UPSTREAM_COLUMNS)}); move the file aside")
+    return cols, len(cols) == 5
+
+
+def _parse_text(text: str, name: str, warn: Warn | None) -> list[Row]:
+    """Rows of a results file. A corrupt line raises LedgerError, or with `warn` is reported and skipped."""
+    lines = text.split("\n")
+    unterminated = lines.pop() if lines else ""
+    if unterminated.strip():
+        lines.append(unterminated)
+    first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
+    if first is None:
+        return []
+    if first == len(lines) - 1 and unterminated.strip() and HEADER.startswith(unterminated):
+        return []  # a header cut short: nothing was recorded yet
+    header, upstream = _parse_header(lines[first], name)
+    rows = []
+    for i in range(first + 1, len(lines)):
+        line = lines[i].rstrip("\r")
+        if not line.strip():
+            continue
+        cut = i == len(lines) - 1 and bool(unterminated.strip())
+        try:
+            row = _row_from_fields(header, _split(line, upstream), upstream)
+            if cut and "finished_at" in header and not _TIMESTAMP_RE.match(row.finished_at):
+                raise ValueError("finished_at is incomplete")
+            rows.append(row)
+        except (ValueError, csv.Error) as e:
+            msg = f"{name} line {i + 1}{' (a partial last line, cut off by a kill mid-write)' if cut else ''}: {e}"
+            if warn is None:
+                raise LedgerError(msg + "; fix or delete that line") from None
+            warn(msg + "; line skipped")
+    return rows
+
+
+def read_results(path: Path, *, warn: Warn | None = None) -> list[Row]:
+    """Rows of a results.tsv, ours or upstream's five-column one. Missing, empty or header-only -> [].
+
+    Without `warn`, a corrupt line raises LedgerError naming the line; with it, the line is reported
+    through `warn` and skipped, and every valid row is kept.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise LedgerError(f"cannot read {path}: {e.strerror}") from e
+    return _parse_text(text, path.name, warn)
+
+
+# ----------------------------------------------------------------------------------------- durable append
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _last_line_start(fd: int, size: int) -> int:
+    """Offset just after the last newline before `size` (0 if none)."""
+    pos = size
+    while pos > 0:
+        step = min(1 << 16, pos)
+        pos -= step
+        chunk = os.pread(fd, step, pos)
+        i = chunk.rfind(b"\n")
+        if i >= 0:
+            return pos + i + 1
+    return 0
+
+
+def append_line(path: Path, line: str, *, header: str | None = None,
+                is_whole: Callable[[str], bool] | None = None, warn: Warn | None = None) -> None:
+    """Append one complete line (ending in a newline) with a single write, then fsync.
+
+    If the file does not end with a newline, its last line was cut short by a kill mid-write: it is kept
+    (a newline added) when `is_whole(line)` says it is complete, otherwise cut off with a warning, so the
+    partial line is never glued to the new one. `header` is written first into an empty file. On a write
+    error (full or read-only disk) the file is put back to its previous length and LedgerError is raised.
+    """
+    assert line.endswith("\n") and "\n" not in line[:-1], "one complete line"
+    warn = warn or log.warning
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        raise LedgerError(f"cannot open {path} for writing: {e.strerror}; check the disk and permissions") from e
+    created = False
+    size = 0
+    try:
+        size = os.fstat(fd).st_size
+        created = size == 0
+        prefix = b""
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            start = _last_line_start(fd, size)
+            partial = os.pread(fd, size - start, start).decode("utf-8", errors="replace")
+            if is_whole is not None and is_whole(partial):
+                prefix = b"\n"
+            else:
+                os.ftruncate(fd, start)
+                os.fsync(fd)
+                size = start
+                warn(f"{path.name}: dropped a partial last line (cut off by a kill mid-write): {partial[:80]!r}")
+        data = prefix + ((header or "") if size == 0 else "").encode() + line.encode("utf-8")
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except OSError as e:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            pass
+        raise LedgerError(f"cannot write {path}: {e.strerror or e}; free disk space or fix permissions, "
+                          "then run again (nothing recorded was lost)") from e
+    finally:
+        os.close(fd)
+    if created:
+        _fsync_dir(path.parent)
+
+
+# ------------------------------------------------------------------------------------------------ ledger
+
+class Ledger:
+    """runs/<tag>/results.tsv and runs/<tag>/<NNNN>-<sha7>/ folders."""
+
+    def __init__(self, tag_dir: Path, *, warn: Warn | None = None):
+        self.tag_dir = Path(tag_dir)
+        self.path = self.tag_dir / "results.tsv"
+        self._warn_cb = warn or log.warning
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self._cache: tuple[tuple[int, int, int], list[Row]] | None = None
+        self._header_ok = False
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self._warned:
+            self._warned.add(msg)
+            self._warn_cb(msg)
+
+    def _check_header(self) -> None:
+        if self._header_ok:
+            return
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                first = f.readline()
+        except FileNotFoundError:
+            first = ""
+        if first.endswith("\n") and first.rstrip("\r\n").split("\t") != list(COLUMNS):
+            raise LedgerError(f"{self.path} has other columns than ar writes ({first.strip()[:80]!r}); "
+                              "move it aside or use another tag")
+        self._header_ok = first.endswith("\n")
+
+    def _is_whole(self, line: str) -> bool:
+        try:
+            row = _row_from_fields(COLUMNS, _split(line, False), False)
+        except (ValueError, csv.Error):
+            return False
+        return bool(_TIMESTAMP_RE.match(row.finished_at))
+
+    def append(self, row: Row) -> None:
+        """Append one row (the commit point of an experiment). finished_at is filled in when empty."""
+        if not row.finished_at:
+            row.finished_at = now_iso()
+        line = _format_line(row)
+        with self._lock:
+            self.tag_dir.mkdir(parents=True, exist_ok=True)
+            self._check_header()
+            append_line(self.path, line, header=HEADER, is_whole=self._is_whole, warn=self._warn)
+            self._header_ok = True
+            self._cache = None
+
+    def rows(self) -> list[Row]:
+        """Every valid row; corrupt lines are reported once (through `warn`) and skipped."""
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                return []
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._cache is None or self._cache[0] != key:
+                self._cache = (key, read_results(self.path, warn=self._warn))
+            return list(self._cache[1])
+
+    def best_kept(self) -> Row | None:
+        """The kept row with the lowest val_bpb (the first of equals), or None."""
+        kept = [r for r in self.rows() if r.status is Status.KEEP and r.val_bpb is not None]
+        return min(kept, key=lambda r: r.val_bpb) if kept else None
+
+    def exp_dir(self, exp_id: int, commit: str) -> Path:
+        """runs/<tag>/<NNNN>-<sha7>/, created. An experiment with no commit (rejected) gets NNNN-none."""
+        d = self.tag_dir / f"{int(exp_id):04d}-{commit[:7] or 'none'}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d

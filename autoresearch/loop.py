@@ -1,0 +1,734 @@
+"""The path of one experiment, and the loop around it.
+
+The path of one experiment (`Loop.run_one`):
+ 1. take the next spec from the queue; mark it started
+ 2. let the proposer edit the working tree (agent command, or a knob rewrite)
+ 3. check the change (guards) -> else record `rejected`
+ 4. commit; remember the SHA of the best kept commit
+ 5. run train.py in its own process group with the runner's env; stream the log
+ 6. parse the log; cross-check val_bpb with the record; recompute MFU from the table
+ 7. decide (pure function); `git reset --hard <best sha>` unless kept
+ 8. append the row to the ledger (the commit point), then mark the spec done in the queue
+ 9. fire the hooks for the events of this experiment
+
+Resume (`Loop.open`): a spec started without a ledger row is run again; a ledger row whose spec is not
+marked done is marked done (its hooks fired if they were not), never run again. The working tree and the
+branch go back to the best kept commit; refs of half-made experiment commits are removed.
+
+Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
+"time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
+"rerun" ({"commit": sha, "seed": int}: the same commit with another seed, recorded as `validation`,
+never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside `with Loop(...)`,
+then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a run as `pruned`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import guards
+from .config import RunConfig
+from .decide import decide, noise_from_repeats
+from .errors import ArError, ConfigError, DataError, GitError
+from .gitops import GitRepo, branch_name, check_tag, default_tag, environ_without_git, short
+from .harness import gpus
+from .harness.env import default_cache, resolve_profile
+from .hooks import Hooks
+from .knobs import read_knobs, set_knobs
+from .ledger import Ledger, Row, Status, now_iso
+from .lock import RepoLock, read_holder
+from .metrics import DegradedWatch, StepPoint, check_record, parse_log_file, parse_step, recompute_mfu
+from .proposers import Context, Proposal, ProposalFailed, Proposer
+from .proposers.search import describe_change
+from .queue import ExperimentQueue, Spec
+from .runner import STOP_INTERRUPTED, run_training
+
+Monitor = Callable[[StepPoint], "str | None"]
+FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
+DIFF_CAP = 1 << 20
+
+
+@dataclass
+class Event:
+    """What the loop tells its caller: `info`/`warn` lines, `start` of an experiment, live `step`s, its `result`."""
+
+    kind: str
+    message: str = ""
+    spec: Spec | None = None
+    step: StepPoint | None = None
+    row: Row | None = None
+    time_budget: float | None = None
+
+
+@dataclass
+class Summary:
+    tag: str
+    branch: str
+    experiments: int            # run by this invocation
+    kept: int
+    best: Row | None
+    stop_reason: str
+    results: Path
+    counts: dict[str, int] = field(default_factory=dict)
+    failed: bool = False        # stopped by failures (baseline, --max-consecutive-crashes), not by a limit
+    interrupted: bool = False
+
+
+class _Stop(Exception):
+    """The loop ends here, for the given reason (said as one line)."""
+
+    def __init__(self, reason: str, *, failed: bool = False, interrupted: bool = False):
+        super().__init__(reason)
+        self.failed, self.interrupted = failed, interrupted
+
+
+class Loop:
+    def __init__(self, cfg: RunConfig, repo: str | Path, tag: str | None = None, proposer: Proposer | None = None,
+                 *, on_event: Callable[[Event], None] | None = None, monitor_factory: Callable[[Spec], Monitor] |
+                 None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run"):
+        self.cfg, self.proposer, self.monitor_factory = cfg, proposer, monitor_factory
+        self.git = GitRepo(repo)
+        self.root = self.git.root
+        self.tag = check_tag(tag or default_tag())
+        self.branch = branch_name(self.tag)
+        self.tag_dir = self.root / "runs" / self.tag
+        self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
+        self._emit = on_event or (lambda e: None)
+        self.baseline, self.calibrate_noise, self.command = baseline, calibrate_noise, command
+        self.profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
+        self.eval_tokens = cfg.eval_tokens or self.profile.eval_tokens
+        self._lock = RepoLock(self.root / "runs" / ".ar.lock", tag=self.tag, command=command)
+        self._open = False
+        self._peak_warned: set[str] = set()
+        self._status_doc: dict = {}
+        self._status_at = 0.0
+        self._status_lock = threading.Lock()
+
+    # ----------------------------------------------------------------------------------- open / close
+    def say(self, message: str, kind: str = "info") -> None:
+        self._emit(Event(kind, message))
+
+    def __enter__(self) -> "Loop":
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Take the lock, check out the branch, reconcile queue and ledger, restore the best commit."""
+        if self._open:
+            return
+        self.git.ensure_commits()
+        self._lock.acquire()
+        try:
+            self._open_locked()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._write_status(state="stopped", experiment=None, step=None)
+            self._lock.release()
+            self._open = False
+
+    def _open_locked(self) -> None:
+        self.git.ensure_ignored()
+        self.tag_dir.mkdir(parents=True, exist_ok=True)
+        warn = lambda m: self.say(m, "warn")  # noqa: E731
+        self.ledger = Ledger(self.tag_dir, warn=warn)
+        self.queue = ExperimentQueue(self.tag_dir / "queue.jsonl", warn=warn)
+        self.hooks = Hooks(self.cfg.hooks, self.tag_dir / "hooks.jsonl", timeout=self.cfg.hook_timeout,
+                           cwd=self.root, log=warn)
+        rows = self.ledger.rows()
+        recorded = {r.exp_id: r for r in rows if r.exp_id is not None}
+        in_flight = [s for s in self.queue.pending() if self.queue.is_started(s.id) and s.id not in recorded]
+        self._prepare_tree(resume=bool(in_flight))
+        for spec in self.queue.pending():           # a row whose spec is not marked done: mark it, fire its hooks
+            if spec.id in recorded:
+                self.queue.done(spec.id, recorded[spec.id].status.value)
+                self._fire(recorded[spec.id])
+        if rows and rows[-1].exp_id is not None:     # hooks of the last row, if ar died before firing them
+            self._fire(rows[-1])
+        self.best_sha = self._restore_best()
+        for spec in in_flight:
+            self.say(f"experiment {spec.id:04d} ({spec.kind}) was cut short by a stop of ar; it runs again")
+        if self.baseline and self.ledger.best_kept() is None and not any(
+                s.kind == "baseline" for s in self.queue.pending()):
+            self.queue.add("baseline", {})
+        self._enqueue_calibration()
+        self.noise, source = self.cfg.noise_threshold(self.tag_dir)
+        self.say(f"keep threshold {self.noise:g} val_bpb ({source})")
+        self._write_status(state="running", experiment=None, step=None)
+
+    def _prepare_tree(self, resume: bool) -> None:
+        """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""
+        on_branch = self.git.current_branch() == self.branch
+        if resume and on_branch:
+            if self.git.clear_stale_index_lock():
+                self.say("removed a stale .git/index.lock left by the stopped run", "warn")
+            if self.git.dirty_paths():
+                self.say("discarding the half-made change of the cut-short experiment", "warn")
+        else:
+            self.git.ensure_clean()
+        created = self.git.checkout_branch(self.tag)
+        meta = self.tag_dir / "meta.json"
+        if created or not meta.exists():
+            head = self.git.head_sha()
+            _write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso()})
+            self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
+                     f"in runs/{self.tag}/")
+        else:
+            n = len(self.ledger.rows())
+            self.say(f"resuming tag {self.tag} on {self.branch}: {n} result{'s' * (n != 1)} so far")
+        self.base_sha = json.loads(meta.read_text())["base"]
+
+    def _restore_best(self) -> str:
+        """Reset the branch and tree to the best kept commit; drop refs of experiments without a row."""
+        best = self.ledger.best_kept()
+        sha = self.git.resolve(best.commit) if best else self.base_sha
+        if self.git.head_sha() != sha or self.git.dirty_paths():
+            self.git.reset_hard(sha)
+            self.say(f"train.py restored to the best kept commit {short(sha)}")
+        recorded = {r.exp_id for r in self.ledger.rows()}
+        for exp_id in self.git.exp_refs(self.tag):
+            if exp_id not in recorded:
+                self.git.delete_ref(self.tag, exp_id)
+        return sha
+
+    def _enqueue_calibration(self) -> None:
+        k = self.calibrate_noise
+        if k < 2:
+            return
+        have = len(self._base_values())
+        queued = [s for s in self.queue.pending() if s.payload.get("calibrate")]
+        baseline_pending = any(s.kind == "baseline" for s in self.queue.pending())
+        missing = k - have - len(queued) - int(baseline_pending)
+        for i in range(max(0, missing)):
+            self.queue.add("rerun", {"commit": self.base_sha, "seed": self.cfg.seed + have + i + 1,
+                                     "calibrate": True, "description": "noise calibration: baseline again"})
+        self.say(f"noise calibration: {k} runs of the baseline ({have} done, {max(0, missing) + len(queued)} "
+                 "queued)")
+
+    def _base_values(self) -> list[float]:
+        return [r.val_bpb for r in self.ledger.rows() if r.commit == short(self.base_sha) and r.val_bpb is not None
+                and r.status in (Status.KEEP, Status.DISCARD, Status.VALIDATION)]
+
+    # ------------------------------------------------------------------------------------------ queue
+    def enqueue_knobs(self, knobs: dict, *, time_budget: float | None = None, seed: int | None = None,
+                      description: str = "") -> Spec:
+        """Queue a knob edit (checked against train.py's knobs now). Call inside `with loop:`."""
+        assert self._open, "enqueue inside `with Loop(...)` so the queue is written under the lock"
+        known = read_knobs(self.root / self.train_file)
+        unknown = sorted(set(knobs) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown knob {unknown[0]} in {self.train_file}; its knobs: {', '.join(known)}")
+        return self.queue.add("knobs", {"knobs": dict(knobs), "time_budget": time_budget, "seed": seed,
+                                        "description": description})
+
+    def enqueue_rerun(self, commit: str, seed: int, description: str = "") -> Spec:
+        assert self._open, "enqueue inside `with Loop(...)`"
+        return self.queue.add("rerun", {"commit": self.git.resolve(commit), "seed": seed, "description": description})
+
+    # -------------------------------------------------------------------------------------------- run
+    def run(self, max_experiments: int | None = None, max_hours: float | None = None) -> Summary:
+        """Run specs (proposing new ones when the queue is empty and there is a proposer) until a limit."""
+        opened_here = not self._open
+        self.open()
+        t0, n, kept, failures = time.monotonic(), 0, 0, 0
+        session = f"{now_iso()}-{os.getpid()}"
+        old_term = _sigterm_as_interrupt()
+        stop, failed, interrupted = "", False, False
+        try:
+            while True:
+                if max_experiments is not None and n >= max_experiments:
+                    raise _Stop(f"reached --max-experiments {max_experiments}")
+                if max_hours is not None and time.monotonic() - t0 >= max_hours * 3600:
+                    raise _Stop(f"reached --max-hours {max_hours:g}")
+                spec = self.queue.next()
+                if spec is None:
+                    if self.proposer is None:
+                        raise _Stop("the queue is empty")
+                    spec = self.queue.add("propose", {"proposer": self.proposer.name})
+                row = self.run_one(spec)
+                if row is None:
+                    continue
+                n += 1
+                kept += row.status is Status.KEEP
+                failures = failures + 1 if row.status in FAILURES else 0 if row.status in (
+                    Status.KEEP, Status.DISCARD) else failures
+                if row.status is Status.INTERRUPTED:
+                    raise _Stop("interrupted; the experiment is recorded as `interrupted`", interrupted=True)
+                if spec.kind == "baseline" and row.status is not Status.KEEP:
+                    raise _Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); fix "
+                                f"train.py or the setup, see {self._exp_dir_of(row)}/train.log", failed=True)
+                if failures >= self.cfg.max_consecutive_crashes:
+                    raise _Stop(f"{failures} crashed, timed-out or rejected experiments in a row "
+                                f"(--max-consecutive-crashes {self.cfg.max_consecutive_crashes}); last: {row.reason}",
+                                failed=True)
+        except _Stop as s:
+            stop, failed, interrupted = str(s), s.failed, s.interrupted
+        finally:
+            _restore_sigterm(old_term)
+            if stop:
+                self.say(f"stopped: {stop}")
+                best = self.ledger.best_kept()
+                self.hooks.fire("loop_finished", session, {"tag": self.tag, "experiments": n, "kept": kept,
+                                                           "stop_reason": stop,
+                                                           **({"best": best.to_dict()} if best else {})})
+            if opened_here:
+                self.close()
+        counts: dict[str, int] = {}
+        for r in self.ledger.rows():
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        return Summary(self.tag, self.branch, n, kept, self.ledger.best_kept(), stop, self.ledger.path, counts,
+                       failed, interrupted)
+
+    def run_one(self, spec: Spec) -> Row | None:
+        """One experiment, start to recorded. None when a propose spec finds nothing left to try."""
+        self.queue.start(spec.id)                                                          # 1
+        for d in self.tag_dir.glob(f"{spec.id:04d}-*"):
+            shutil.rmtree(d, ignore_errors=True)
+        x = _Exp(spec, parent=self.best_sha, started_at=now_iso(), stage=self.ledger.exp_dir(spec.id, ""))
+        self._emit(Event("start", spec.payload.get("description", spec.kind), spec=spec))
+        snap = None
+        try:
+            if spec.kind == "rerun":
+                return self._rerun(x)
+            if spec.kind != "baseline":
+                snap = guards.snapshot(self.git, x.parent, self.tag_dir)
+                self._status_exp(x, "proposing")
+                proposal = self._propose(x)                                                # 2
+                if proposal is None:
+                    self.queue.done(spec.id, "skipped")
+                    if self.proposer is not None and spec.kind == "propose":
+                        raise _Stop(f"the {self.proposer.name} proposer has nothing left to try")
+                    return None
+                reason = proposal if isinstance(proposal, str) else self._check(x, snap)    # 3
+                if reason:
+                    return self._reject(x, snap, reason)
+                x.sha = self.git.commit([*x.changed] or [self.train_file], _message(x, self.tag),   # 4
+                                        allow_empty=not x.changed)
+            else:
+                x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
+            return self._train_and_record(x)                                               # 5-9
+        except KeyboardInterrupt:
+            return self._interrupted(x, snap)
+
+    # ---------------------------------------------------------------------------------- the steps
+    def _propose(self, x: "_Exp") -> Proposal | str | None:
+        """Edit the working tree for spec x. A str is a reason to reject; None: nothing left to try."""
+        spec = x.spec
+        train = self.root / self.train_file
+        before = read_knobs(train)
+        if spec.kind == "knobs":
+            knobs = spec.payload.get("knobs") or {}
+            x.seed, x.time_budget = spec.payload.get("seed"), spec.payload.get("time_budget")
+            proposal = Proposal(spec.payload.get("description") or describe_change(before, knobs), knobs=knobs)
+        elif self.proposer is None:
+            return None
+        else:
+            ctx = Context(self.root, self.train_file, before, self.ledger.best_kept(), self.ledger.rows(), spec.id,
+                          x.stage, self.tag, self.profile, self._budget(None), self.eval_tokens, self.noise,
+                          list(self.cfg.allowed_paths))
+            try:
+                proposal = self.proposer.propose(ctx)
+            except ProposalFailed as e:
+                x.description = f"{self.proposer.name} proposal"
+                return str(e)
+            if proposal is None:
+                return None
+        x.description = proposal.description
+        if proposal.knobs:
+            try:
+                set_knobs(train, proposal.knobs)
+            except ConfigError as e:
+                return str(e)
+        return proposal
+
+    def _check(self, x: "_Exp", snap: guards.Snapshot) -> str | None:
+        changed, reason = guards.check_scope(self.git, snap, self.cfg.allowed_paths, self.tag_dir,
+                                             exclude_prefix=x.stage.name + "/")
+        x.changed = changed
+        if reason:
+            return reason
+        if not changed and x.spec.kind == "propose":
+            return "the proposal changed nothing"
+        return guards.check_files(self.git, x.parent, changed)
+
+    def _reject(self, x: "_Exp", snap: guards.Snapshot, reason: str) -> Row:
+        try:
+            (x.stage / "diff.patch").write_text(self.git.diff(x.parent)[:DIFF_CAP])
+        except (GitError, OSError):
+            pass
+        guards.restore(self.git, snap, self.tag_dir)
+        row = self._row(x, Status.REJECTED, reason=reason)
+        return self._record(x, row)
+
+    def _rerun(self, x: "_Exp") -> Row:
+        p = x.spec.payload
+        x.seed = p.get("seed")
+        try:
+            x.sha = self.git.resolve(str(p.get("commit")))
+        except GitError:
+            x.description = f"re-run of {p.get('commit')}"
+            return self._record(x, self._row(x, Status.VALIDATION, reason=f"commit {p.get('commit')} not found"))
+        x.description = p.get("description") or f"re-run of {short(x.sha)} with seed {x.seed}"
+        self.git.checkout_paths(x.sha, ["."])  # only allowed paths differ between experiment commits
+        return self._train_and_record(x)
+
+    def _train_and_record(self, x: "_Exp") -> Row:
+        spec = x.spec
+        x.exp_dir = self.ledger.exp_dir(spec.id, x.sha)
+        if x.stage.exists() and x.stage != x.exp_dir:
+            for f in x.stage.iterdir():
+                os.replace(f, x.exp_dir / f.name)
+            x.stage.rmdir()
+        if x.sha != x.parent and spec.kind != "rerun":
+            self.git.keep_ref(self.tag, spec.id, x.sha)
+            (x.exp_dir / "diff.patch").write_text(self.git.diff(x.parent, x.sha)[:DIFF_CAP])
+        x.knobs = _safe_knobs(self.root / self.train_file)
+        budget = self._budget(x.time_budget)
+        seed = self.cfg.seed if x.seed is None else int(x.seed)
+        _write_json(x.exp_dir / "spec.json", {"id": spec.id, "kind": spec.kind, "payload": spec.payload,
+                                              "commit": x.sha, "parent": x.parent, "time_budget": budget,
+                                              "seed": seed, "eval_tokens": self.eval_tokens,
+                                              "profile": self.profile.name, "description": x.description})
+        self._fire_event("run_started", spec.id, {"tag": self.tag, "exp_id": spec.id, "commit": short(x.sha),
+                                                  "description": x.description, "time_budget": budget})
+        result, stopped_by = self._train(x, budget, seed)                                 # 5
+        status, reason, m = self._classify(x, result, stopped_by, budget)                 # 6
+        if result.stop_reason == STOP_INTERRUPTED:
+            return self._interrupted(x, None, m)
+        x.time_budget, x.seed = budget, seed
+        x.val_bpb = m.val_bpb if status is None else None
+        if spec.kind == "rerun":
+            status, reason = Status.VALIDATION, (f"failed: {reason}" if status else "validation re-run")
+        elif status is None:                                                              # 7
+            best = self.ledger.best_kept()
+            d = decide(best.val_bpb if best else None, m.val_bpb, self.noise)
+            status, reason = (Status.KEEP if d.keep else Status.DISCARD), d.reason
+            if d.keep and best is not None and self.cfg.confirm_new_best:
+                status, reason = self._confirm(x, best.val_bpb, m.val_bpb, budget, seed)
+        if status is Status.KEEP:
+            self.best_sha = x.sha
+        else:
+            self.git.reset_hard(self.best_sha)
+        row = self._row(x, status, m=m, reason=reason)
+        return self._record(x, row)                                                       # 8, 9
+
+    def _train(self, x: "_Exp", budget: float, seed: int):
+        record = x.exp_dir / "record.json"
+        record.unlink(missing_ok=True)
+        env = environ_without_git()
+        env.update(AR_TIME_BUDGET=f"{budget:g}", AR_EVAL_TOKENS=str(self.eval_tokens), AR_RESULT_FILE=str(record),
+                   AR_DATASET=self.cfg.dataset, AR_SEED=str(seed), AR_PROFILE=self.profile.name)
+        watch = (DegradedWatch(min_mfu=self.cfg.min_mfu, min_tokens_per_s=self.cfg.min_tokens_per_s,
+                               warmup_steps=self.cfg.degraded_warmup_steps, patience=self.cfg.degraded_patience)
+                 if self.cfg.min_mfu is not None or self.cfg.min_tokens_per_s is not None else None)
+        monitor = self.monitor_factory(x.spec) if self.monitor_factory and x.spec.kind != "rerun" else None
+        stopped_by: list[Status] = []
+        self._status_exp(x, "training", budget=budget)
+
+        def on_line(line: str) -> str | None:
+            p = parse_step(line) if line.startswith("step ") else None
+            if p is None:
+                return None
+            self._emit(Event("step", spec=x.spec, step=p, time_budget=budget))
+            self._status_step(p)
+            for status, check in ((Status.DEGRADED, watch and watch.feed), (Status.PRUNED, monitor)):
+                why = check(p) if check else None
+                if why:
+                    stopped_by.append(status)
+                    return why
+            return None
+
+        x.t_run = time.time()
+        result = run_training(list(self.cfg.train_command), cwd=self.root, env=env, log_path=x.exp_dir / "train.log",
+                              timeout=budget + self.cfg.startup_allowance + self.cfg.eval_allowance,
+                              on_line=on_line, max_log_bytes=int(self.cfg.max_log_mb * 2**20))
+        x.wall = result.wall_seconds
+        return result, (stopped_by[0] if stopped_by else None)
+
+    def _classify(self, x: "_Exp", result, stopped_by: Status | None, budget: float):
+        """(failure status or None when the run counts, reason, metrics)."""
+        self._status_exp(x, "measuring", budget=budget)
+        m = parse_log_file(result.log_path)
+        _write_json(x.exp_dir / "metrics.json", {k: v for k, v in m.to_dict().items() if k != "steps"} |
+                    {"wall_seconds": result.wall_seconds, "returncode": result.returncode,
+                     "stop_reason": result.stop_reason, "log_truncated": result.log_truncated})
+        x.mfu = self._mfu(m)
+        if result.stop_reason == STOP_INTERRUPTED:
+            return Status.INTERRUPTED, "interrupted", m
+        if stopped_by is not None:
+            return stopped_by, result.stop_reason, m
+        if result.timed_out:
+            return Status.TIMEOUT, (f"no result after {result.wall_seconds:.0f}s (budget {budget:g}s + "
+                                    f"allowances); the process group was killed"), m
+        if result.returncode != 0:
+            why = m.fail_message or (result.stop_reason or f"exit code {result.returncode}")
+            return Status.CRASH, why if m.fail_message else f"{why}; see train.log", m
+        if not m.has_summary:
+            return Status.CRASH, "no summary block in the log", m
+        if m.val_bpb is None or not math.isfinite(m.val_bpb):
+            return Status.CRASH, "val_bpb is not a number", m
+        if m.training_seconds is not None and m.training_seconds > budget * 1.1 + 2:
+            return Status.CRASH, f"trained {m.training_seconds:.1f}s, past the budget of {budget:g}s", m
+        bad = check_record(m, x.exp_dir / "record.json", self.eval_tokens, not_before=x.t_run)
+        if bad:
+            return Status.CRASH, f"val_bpb not confirmed by the evaluator: {bad}", m
+        touched = self.git.tracked_changes(x.sha)
+        if touched:
+            return Status.CRASH, f"the run changed {touched[0]} (tracked files must not change at run time)", m
+        return None, "", m
+
+    def _confirm(self, x: "_Exp", best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
+        """Re-run a would-be new best with another seed; keep when the mean of both still clears the noise."""
+        record, log = x.exp_dir / "record.json", x.exp_dir / "train.log"
+        os.replace(log, x.exp_dir / "train-first.log")
+        os.replace(record, x.exp_dir / "record-first.json")
+        result, _ = self._train(x, budget, seed + 1)
+        status, why, m = self._classify(x, result, None, budget)
+        os.replace(log, x.exp_dir / "train-confirm.log")
+        os.replace(x.exp_dir / "train-first.log", log)
+        if record.exists():
+            os.replace(record, x.exp_dir / "record-confirm.json")
+        os.replace(x.exp_dir / "record-first.json", record)
+        if status is not None:
+            return Status.DISCARD, f"confirmation re-run failed ({status.value}: {why})"
+        mean = (first + m.val_bpb) / 2
+        d = decide(best, mean, self.noise)
+        return (Status.KEEP if d.keep else Status.DISCARD), (f"confirmed by a re-run with seed {seed + 1} "
+                                                             f"({m.val_bpb:.6f}): mean {d.reason}")
+
+    def _interrupted(self, x: "_Exp", snap: guards.Snapshot | None, m=None) -> Row:
+        if snap is not None:
+            guards.restore(self.git, snap, self.tag_dir)
+        self.git.reset_hard(self.best_sha)
+        return self._record(x, self._row(x, Status.INTERRUPTED, m=m, reason="interrupted by Ctrl-C"))
+
+    def _record(self, x: "_Exp", row: Row) -> Row:
+        self.ledger.append(row)                                                           # 8
+        self.queue.done(x.spec.id, row.status.value)
+        self._fire(row)                                                                   # 9
+        self._emit(Event("result", row.reason, spec=x.spec, row=row))
+        if x.spec.payload.get("calibrate") and not any(s.payload.get("calibrate") for s in self.queue.pending()):
+            self._finish_calibration()
+        self._write_status(experiment=None, step=None)
+        return row
+
+    def _finish_calibration(self) -> None:
+        values = self._base_values()
+        if len(values) < 2:
+            self.say("noise calibration: fewer than 2 clean runs of the baseline; threshold unchanged", "warn")
+            return
+        noise = noise_from_repeats(values)
+        _write_json(self.tag_dir / "noise.json", {"noise": noise, "values": values, "commit": self.base_sha,
+                                                  "written_at": now_iso()})
+        if self.cfg.noise is None:
+            self.noise = noise
+        self.say(f"noise calibration: {len(values)} runs of the baseline, spread {noise:.6f} val_bpb -> "
+                 f"runs/{self.tag}/noise.json" + ("" if self.cfg.noise is None else
+                                                  f" (the configured noise {self.cfg.noise:g} still applies)"))
+
+    # --------------------------------------------------------------------------------------- helpers
+    def _budget(self, spec_budget: float | None) -> float:
+        return float(spec_budget or self.cfg.time_budget or self.profile.time_budget)
+
+    def _mfu(self, m) -> float | None:
+        if not m.gpu or m.gpu.lower() == "cpu":
+            return None
+        peak = gpus.lookup(m.gpu)
+        if peak.warning and m.gpu not in self._peak_warned:
+            self._peak_warned.add(m.gpu)
+            self.say(peak.warning, "warn")
+        return recompute_mfu(m, peak)
+
+    def _row(self, x: "_Exp", status: Status, *, m=None, reason: str = "") -> Row:
+        return Row(commit=short(x.sha) if x.sha else "", val_bpb=x.val_bpb,
+                   memory_gb=None if m is None or m.memory_gb is None else round(m.memory_gb, 1), status=status,
+                   description=x.description or x.spec.kind, exp_id=x.spec.id, tag=self.tag,
+                   parent=short(x.parent), mfu=x.mfu, tokens_per_s=m.tokens_per_s if m else None,
+                   training_seconds=m.training_seconds if m else None, total_seconds=m.total_seconds if m else None,
+                   num_steps=m.num_steps if m else None, total_tokens_M=m.total_tokens_M if m else None,
+                   time_budget=x.time_budget if x.sha else None, seed=x.seed if x.sha else None,
+                   knobs=x.knobs, reason=reason, started_at=x.started_at)
+
+    def _exp_dir_of(self, row: Row) -> Path:
+        return self.tag_dir / f"{row.exp_id:04d}-{row.commit or 'none'}"
+
+    def _fire(self, row: Row) -> None:
+        events = []
+        if row.status is not Status.REJECTED:
+            events.append("run_finished")
+        if row.status is Status.KEEP:
+            events.append("kept")
+        elif row.status in (Status.CRASH, Status.TIMEOUT):
+            events.append("crashed")
+        elif row.status not in (Status.VALIDATION, Status.INTERRUPTED):
+            events.append("reverted")
+        for event in events:
+            self._fire_event(event, row.exp_id, row.to_dict())
+
+    def _fire_event(self, event: str, exp_id, payload: dict) -> None:
+        if self.cfg.hooks.get(event):
+            self.hooks.fire(event, str(exp_id), payload)
+
+    # ------------------------------------------------------------------------------------ status.json
+    def _status_exp(self, x: "_Exp", phase: str, budget: float | None = None) -> None:
+        self._write_status(experiment={"id": x.spec.id, "kind": x.spec.kind, "phase": phase,
+                                       "description": x.description, "commit": short(x.sha) if x.sha else "",
+                                       "started_at": x.started_at, "time_budget": budget}, step=None)
+
+    def _status_step(self, p: StepPoint) -> None:
+        now = time.monotonic()
+        if now - self._status_at >= 0.5:
+            self._write_status(step=p.__dict__)
+
+    def _write_status(self, **changes) -> None:
+        with self._status_lock:
+            self._write_status_locked(changes)
+
+    def _write_status_locked(self, changes: dict) -> None:
+        self._status_at = time.monotonic()
+        doc = self._status_doc
+        if not doc:
+            doc.update(tag=self.tag, branch=self.branch, pid=os.getpid(), host=socket.gethostname(),
+                       profile=self.profile.name)
+        doc.update(changes)
+        best = self.ledger.best_kept() if hasattr(self, "ledger") else None
+        doc["best"] = None if best is None else {"commit": best.commit, "val_bpb": best.val_bpb,
+                                                 "exp_id": best.exp_id, "description": best.description}
+        doc["updated_at"] = now_iso()
+        try:
+            _write_json(self.tag_dir / "status.json", doc)
+        except OSError:
+            pass  # the live view is best-effort; the ledger is what counts
+
+
+@dataclass
+class _Exp:
+    """One experiment in flight."""
+
+    spec: Spec
+    parent: str
+    started_at: str
+    stage: Path                      # runs/<tag>/<NNNN>-none: the proposal's files until there is a commit
+    sha: str = ""
+    description: str = ""
+    changed: list[str] = field(default_factory=list)
+    knobs: dict = field(default_factory=dict)
+    time_budget: float | None = None
+    seed: int | None = None
+    exp_dir: Path | None = None
+    mfu: float | None = None
+    val_bpb: float | None = None     # set only when the run counted (clean exit, summary, record confirmed)
+    t_run: float = 0.0
+    wall: float = 0.0
+
+
+def _message(x: _Exp, tag: str) -> str:
+    return f"{x.description or x.spec.kind}\n\nar: tag {tag}, experiment {x.spec.id:04d} ({x.spec.kind})"
+
+
+def _safe_knobs(path: Path) -> dict:
+    try:
+        return read_knobs(path)
+    except (ArError, OSError):
+        return {}
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM stops the loop like Ctrl-C (recorded as `interrupted`); only from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(old) -> None:
+    if old is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, old)
+
+
+# ------------------------------------------------------------------------------- setup and ar status
+
+def ensure_data(cfg: RunConfig, profile, say: Callable[[str], None]) -> None:
+    """Check the dataset is prepared for the profile's vocabulary; prepare `builtin` when it is missing."""
+    if not cfg.prepare_data:
+        return
+    from .harness.data import check_prepared, prepare
+    cache = default_cache()
+    try:
+        check_prepared(cache, cfg.dataset, profile.vocab_size)
+    except DataError:
+        if cfg.dataset != "builtin":
+            raise
+        say(f"no prepared data: preparing the builtin corpus for vocab {profile.vocab_size} in {cache} (once)")
+        prepare("builtin", cache=cache, vocab_size=profile.vocab_size, progress=say)
+
+
+def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
+          calibrate_noise: int = 0, command: str = "ar run") -> Loop:
+    """The loop `ar run` runs: proposer, profile and data chosen from the config, each default said in one line."""
+    from .proposers import make_proposer
+    say = (lambda m: on_event(Event("info", m))) if on_event else (lambda m: None)
+    if not (Path(repo) / "train.py").exists() and cfg.train_command[-1:] == ["train.py"]:
+        raise ConfigError(f"no train.py in {Path(repo).resolve()}; run `ar init DIR` for a workspace, or pass --repo")
+    proposer = make_proposer(cfg)
+    if cfg.proposer is None and proposer.name == "strategy":
+        say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
+    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
+    if cfg.profile == "auto":
+        what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
+        say(f"{what}: {loop.profile.name} profile ({loop._budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
+    ensure_data(cfg, loop.profile, say)
+    return loop
+
+
+def read_status(repo: str | Path) -> dict:
+    """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far."""
+    root = GitRepo(repo).root
+    runs = root / "runs"
+    holder = read_holder(runs / ".ar.lock") if (runs / ".ar.lock").exists() else None
+    tag = holder.get("tag") if holder else None
+    if not tag:
+        docs = sorted(runs.glob("*/status.json"), key=lambda p: p.stat().st_mtime) if runs.is_dir() else []
+        tag = docs[-1].parent.name if docs else None
+    out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
+    if tag is None:
+        return out
+    f = runs / tag / "status.json"
+    try:
+        out["status"] = json.loads(f.read_text())
+    except (OSError, ValueError):
+        pass
+    rows = Ledger(runs / tag).rows()
+    best = min((r for r in rows if r.status is Status.KEEP and r.val_bpb is not None), key=lambda r: r.val_bpb,
+               default=None)
+    out["best"] = best.to_dict() if best else None
+    for r in rows:
+        out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
+    out["running"] = holder is not None
+    return out

@@ -1,0 +1,188 @@
+"""The agent proposer: a coding agent (claude, codex, aider, or any command) edits train.py once per proposal.
+
+Each proposal is a fresh invocation in the repo with a rendered prompt: program.md, then a compact context
+(hardware, budget, knobs, best result, last N results, rules). The agent edits; it never runs training.
+It runs in its own process group with a timeout (the whole group is killed), its output goes to
+`agent.log` (capped). Its one-line description is the first line of the file named by
+$AR_DESCRIPTION_FILE if it wrote one, else its last non-empty output line.
+
+A free-form command may name `{prompt}` (the prompt text as one argument) or `{prompt_file}` (a file
+holding it); a command that names neither gets the prompt as its last argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..ledger import Row
+from ..runner import STOP_INTERRUPTED, run_training
+from . import Context, Proposal, ProposalFailed
+
+PRESETS: dict[str, list[str]] = {
+    "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
+    "codex": ["codex", "exec", "--full-auto", "{prompt}"],
+    "aider": ["aider", "--yes-always", "--no-auto-commits", "--no-dirty-commits", "--message", "{prompt}",
+              "train.py"],
+}
+AGENT_LOG_BYTES = 5 * 2**20
+DESCRIPTION_MAX = 200
+DEFAULT_PROGRAM = """# autoresearch
+Lower val_bpb (validation bits per byte) of train.py within a fixed training-time budget.
+Edit only train.py; never the harness, the data, the budget or the evaluation. Make one focused change
+per proposal, keep the code simple, and describe the change in one line."""
+
+
+def command_for(agent: str) -> list[str]:
+    """argv template for a preset name or a free-form command (placeholders still in)."""
+    if agent in PRESETS:
+        argv = list(PRESETS[agent])
+    else:
+        try:
+            argv = shlex.split(agent)
+        except ValueError as e:
+            raise ConfigError(f"cannot parse agent command {agent!r}: {e}") from None
+        if not argv:
+            raise ConfigError("the agent command is empty")
+        if not any("{prompt}" in a or "{prompt_file}" in a for a in argv):
+            argv.append("{prompt}")
+    if shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
+        raise ConfigError(f"agent command {argv[0]!r} not found on PATH; install it, or pick another agent "
+                          "(--agent claude|codex|aider|'COMMAND {prompt_file}') or --proposer strategy")
+    return argv
+
+
+def fill(argv: list[str], prompt: str, prompt_file: Path) -> list[str]:
+    return [a.replace("{prompt_file}", str(prompt_file)).replace("{prompt}", prompt) for a in argv]
+
+
+# ---------------------------------------------------------------------------------------------- hardware
+
+@functools.lru_cache(maxsize=4)
+def describe_hardware(profile_name: str) -> str:
+    """One or two lines about the machine an experiment runs on, for the prompt."""
+    if profile_name == "cpu":
+        return f"CPU only ({os.cpu_count()} cores), `cpu` profile: the knobs drive a scaled-down model"
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return "no CUDA device visible"
+        from ..harness.gpus import lookup
+        p = torch.cuda.get_device_properties(0)
+        peak = lookup(p.name)
+        peak_s = f"peak {peak.tflops:g} TFLOP/s dense BF16" if peak.tflops else "peak unknown (MFU unknown)"
+        backends = _attention_backends(p.name)
+        return (f"{p.name} (compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB), {peak_s}, "
+                f"{torch.cuda.device_count()} visible; attention backends: {backends}")
+    except Exception as e:  # the prompt must not fail over a hardware query
+        return f"GPU (details unavailable: {type(e).__name__})"
+
+
+def _attention_backends(device_name: str) -> str:
+    try:
+        from ..harness.backend import probe_path, read_choice
+        choice = read_choice(probe_path(device_name))
+        if choice:
+            return f"probed choice {choice.get('attention')} (compile {choice.get('compile_model')})"
+    except Exception:
+        pass
+    return "not probed (run `ar doctor --probe`); train.py's ATTENTION=\"auto\" picks a safe default"
+
+
+# ------------------------------------------------------------------------------------------------ prompt
+
+def _fmt_bpb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6f}"
+
+
+def _result_line(r: Row) -> str:
+    exp = f"{r.exp_id:04d}" if r.exp_id is not None else "----"
+    extra = f" ({r.reason})" if r.reason and r.status.value != "keep" else ""
+    return f"  {exp} {r.commit or '-------':7} {r.status.value:11} {_fmt_bpb(r.val_bpb):>9}  {r.description}{extra}"
+
+
+def render_prompt(ctx: Context, *, program: str, last_n: int, description_file: Path) -> str:
+    knobs = "\n".join(f"  {k} = {v!r}" for k, v in ctx.knobs.items()) or "  (none found)"
+    best = ("none yet" if ctx.best is None else
+            f"{_fmt_bpb(ctx.best.val_bpb)} val_bpb at commit {ctx.best.commit} ({ctx.best.description})")
+    recent = "\n".join(_result_line(r) for r in ctx.rows[-last_n:]) if last_n else ""
+    allowed = ", ".join(ctx.allowed_paths)
+    return f"""{program.rstrip()}
+
+## This proposal (experiment {ctx.exp_id:04d}, tag {ctx.tag})
+Hardware: {describe_hardware(ctx.profile.name)}
+Budget: {ctx.time_budget:g} s of training; evaluation on {ctx.eval_tokens} tokens (both fixed by the runner)
+Keep threshold: a change is kept only if val_bpb improves by more than {ctx.noise:g}
+Best so far: {best}
+Knobs of the current train.py (the best kept version):
+{knobs}
+Last {min(last_n, len(ctx.rows))} results (exp, commit, status, val_bpb, description):
+{recent or "  (none yet)"}
+
+## Rules
+- Change only {allowed}. Any other change (harness, data, configs, program.md, tests, .git, runs/) is
+  rejected and reverted.
+- Do not run training; the runner runs it after you finish, for the fixed budget.
+- Never read or change the time budget, evaluation size, seed or result file (AR_* variables).
+- Write a one-line description of your change to {description_file} (or make it your last line of output).
+"""
+
+
+def load_program(root: Path, name: str) -> str:
+    f = root / name
+    return f.read_text() if f.is_file() else DEFAULT_PROGRAM
+
+
+# ---------------------------------------------------------------------------------------------- proposer
+
+class AgentProposer:
+    name = "agent"
+
+    def __init__(self, agent: str, *, timeout: float = 900.0, last_n: int = 10, program: str = "program.md"):
+        self.agent = agent
+        self.argv = command_for(agent)
+        self.timeout = timeout
+        self.last_n = last_n
+        self.program = program
+
+    def propose(self, ctx: Context) -> Proposal | None:
+        ctx.exp_dir.mkdir(parents=True, exist_ok=True)
+        description_file = ctx.exp_dir / "description.txt"
+        prompt_file = ctx.exp_dir / "prompt.md"
+        prompt = render_prompt(ctx, program=load_program(ctx.root, self.program), last_n=self.last_n,
+                               description_file=description_file)
+        prompt_file.write_text(prompt)
+        description_file.unlink(missing_ok=True)
+        last = [""]
+
+        def on_line(line: str) -> None:
+            if line.strip():
+                last[0] = line.strip()
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AR_") and k not in ("GIT_DIR", "GIT_WORK_TREE")}
+        env.update(AR_PROMPT_FILE=str(prompt_file), AR_DESCRIPTION_FILE=str(description_file),
+                   AR_EXPERIMENT=str(ctx.exp_id))
+        result = run_training(fill(self.argv, prompt, prompt_file), cwd=ctx.root, env=env,
+                              log_path=ctx.exp_dir / "agent.log", timeout=self.timeout, on_line=on_line,
+                              max_log_bytes=AGENT_LOG_BYTES, grace=2.0)
+        if result.stop_reason == STOP_INTERRUPTED:
+            raise KeyboardInterrupt
+        if result.timed_out:
+            raise ProposalFailed(f"agent timed out after {self.timeout:g}s (its process group was killed)")
+        if result.returncode != 0:
+            why = result.stop_reason or f"exit code {result.returncode}"
+            raise ProposalFailed(f"agent failed ({why}): {last[0][:160]}")
+        return Proposal(self._description(description_file, last[0]))
+
+    @staticmethod
+    def _description(description_file: Path, last_line: str) -> str:
+        text = ""
+        if description_file.is_file():
+            lines = [ln.strip() for ln in description_file.read_text(errors="replace").splitlines() if ln.strip()]
+            text = lines[0] if lines else ""
+        text = text or last_line or "agent proposal (no description)"
+        return " ".join(text.split())[:DESCRIPTION_MAX]

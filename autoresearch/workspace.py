@@ -1,0 +1,77 @@
+"""`ar init DIR`: a workspace for someone who installed the package rather than cloning the repo.
+
+The package ships train.py, program.md and the configs under autoresearch/resources/ (in a clone these are
+links to the top-level files, so the repository keeps one copy and a wheel gets real files). init copies them
+into DIR (train.py and program.md at the top, every YAML file under configs/), ignores runs/, and makes DIR a
+git repository with one commit, so that `ar run` can start there at once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from importlib import resources as importlib_resources
+from pathlib import Path
+
+from .errors import ArError, GitError
+
+TOP_LEVEL = ("train.py", "program.md")
+GITIGNORE = "runs/\n__pycache__/\n*.pyc\n"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    path: Path
+    files: list[str]  # relative paths written
+    commit: str
+
+
+def packaged_resources() -> Path:
+    return Path(str(importlib_resources.files("autoresearch") / "resources"))
+
+
+def plan(resources: Path) -> dict[str, Path]:
+    """Relative destination -> source file, for what the resources folder holds."""
+    files = {name: resources / name for name in TOP_LEVEL}
+    missing = [name for name, src in files.items() if not src.is_file()]
+    if missing:
+        raise ArError(f"this installation of ar has no packaged {', '.join(missing)} (looked in {resources}); "
+                      "reinstall it (pip install --force-reinstall autoresearch-ar) or clone the repository")
+    for folder, _, names in sorted(os.walk(resources, followlinks=True)):  # resources/configs is a link in a clone
+        for name in sorted(names):
+            src = Path(folder) / name
+            if src.suffix in (".yaml", ".yml") and src.is_file():
+                rel = src.relative_to(resources)
+                rel = rel.relative_to("configs") if rel.parts[0] == "configs" else rel
+                files.setdefault(str(Path("configs") / rel), src)
+    return files
+
+
+def init_workspace(target: str | Path, *, force: bool = False, resources: Path | None = None) -> Workspace:
+    """Create the workspace at `target`; refuse a non-empty directory unless `force`."""
+    import git
+
+    target = Path(target).expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise ArError(f"{target} is a file; pick a directory path for the workspace")
+    if target.exists() and any(target.iterdir()) and not force:
+        raise ArError(f"{target} is not empty; pick a new or empty directory (or pass --force to write into it)")
+    files = plan(resources or packaged_resources())
+    target.mkdir(parents=True, exist_ok=True)
+    for rel, src in files.items():
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)  # follows the repo's symlinks: the workspace gets real files
+    gitignore = target / ".gitignore"
+    if not gitignore.exists() or "runs/" not in gitignore.read_text().split():
+        with gitignore.open("a") as f:
+            f.write(GITIGNORE)
+    written = sorted(files) + [".gitignore"]
+    try:
+        repo = git.Repo(target) if (target / ".git").exists() else git.Repo.init(target)
+        repo.index.add([str(target / rel) for rel in written])
+        commit = repo.index.commit("Workspace created by ar init").hexsha
+    except git.GitCommandError as e:
+        raise GitError(f"could not make {target} a git repository: {e.stderr.strip() or e}") from None
+    return Workspace(target, written, commit)

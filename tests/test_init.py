@@ -1,0 +1,107 @@
+"""ar init: a workspace from the packaged resources, committed, refusing to overwrite; then a run in it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+from typer.testing import CliRunner
+
+from autoresearch.cli import app
+from autoresearch.errors import ArError
+from autoresearch.workspace import init_workspace, packaged_resources
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+@pytest.fixture
+def resources(tmp_path):
+    """A resources folder shaped like the package's: files at the top, configs behind a directory link."""
+    res, configs = tmp_path / "res", tmp_path / "configs-src"
+    res.mkdir()
+    configs.mkdir()
+    (res / "train.py").write_text("print('train')\n")
+    (res / "program.md").write_text("# program\n")
+    (res / "gpus.yaml").write_text("- {name: X, match: [x], tflops: 1}\n")
+    (res / "notes.txt").write_text("not a config\n")
+    (configs / "sweep-small.yaml").write_text("grid: {}\n")
+    (res / "configs").symlink_to(configs, target_is_directory=True)
+    return res
+
+
+def test_init_creates_a_committed_workspace(tmp_path, resources):
+    ws = init_workspace(tmp_path / "ws", resources=resources)
+    root = tmp_path / "ws"
+    assert sorted(ws.files) == [".gitignore", "configs/gpus.yaml", "configs/sweep-small.yaml", "program.md", "train.py"]
+    assert (root / "train.py").read_text() == "print('train')\n" and not (root / "train.py").is_symlink()
+    assert "runs/" in (root / ".gitignore").read_text().split()
+    repo = git.Repo(root)
+    assert not repo.is_dirty(untracked_files=True)
+    assert [c.hexsha for c in repo.iter_commits()] == [ws.commit]
+    assert sorted(repo.git.ls_files().split()) == sorted(ws.files)
+
+
+def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path, resources):
+    target = tmp_path / "busy"
+    target.mkdir()
+    (target / "mine.txt").write_text("keep me\n")
+    with pytest.raises(ArError, match="not empty.*--force"):
+        init_workspace(target, resources=resources)
+    assert not (target / "train.py").exists()
+    init_workspace(target, resources=resources, force=True)
+    assert (target / "mine.txt").read_text() == "keep me\n" and (target / "train.py").exists()
+
+
+def test_init_into_an_existing_empty_directory_and_not_a_file(tmp_path, resources):
+    (tmp_path / "empty").mkdir()
+    init_workspace(tmp_path / "empty", resources=resources)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ArError, match="is a file"):
+        init_workspace(tmp_path / "file", resources=resources)
+
+
+def test_init_without_packaged_files(tmp_path, resources):
+    (resources / "program.md").unlink()
+    with pytest.raises(ArError, match="no packaged program.md"):
+        init_workspace(tmp_path / "ws", resources=resources)
+    assert not (tmp_path / "ws").exists()
+
+
+def test_the_repository_keeps_one_copy_of_the_packaged_files():
+    res = packaged_resources()
+    if not (res / "train.py").is_symlink():
+        pytest.skip("an installed wheel: resources are real files")
+    for name, target in (("train.py", "../../train.py"), ("program.md", "../../program.md"),
+                         ("configs", "../../configs")):
+        assert os.readlink(res / name) == target
+        assert (res / name).exists(), f"{res / name} points at nothing"
+
+
+def test_cli_init_prints_the_next_commands(tmp_path):
+    result = runner.invoke(app, ["init", str(tmp_path / "ws")])
+    assert result.exit_code == 0, result.output
+    assert f"cd {tmp_path / 'ws'} && ar run --max-experiments 3" in result.output and "ar report" in result.output
+    assert (tmp_path / "ws" / "train.py").read_bytes() == (ROOT / "train.py").read_bytes()
+    assert (tmp_path / "ws" / "configs" / "gpus.yaml").exists()
+    again = runner.invoke(app, ["init", str(tmp_path / "ws")])
+    assert again.exit_code == 1 and "not empty" in str(again.exception)
+
+
+@pytest.mark.slow
+def test_a_run_works_in_a_new_workspace(tmp_path):
+    """The whole point of init: `ar run` starts in the new workspace with nothing else to do."""
+    ws = tmp_path / "ws"
+    assert runner.invoke(app, ["init", str(ws)]).exit_code == 0
+    env = {**os.environ, "AR_CACHE": os.environ.get("AR_TEST_CACHE") or str(tmp_path / "cache")}
+    env.pop("AR_PROFILE", None)
+    proc = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--max-experiments", "1",
+                           "--time-budget", "3"], cwd=ws, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = list(ws.glob("runs/*/results.tsv"))
+    assert len(results) == 1
+    rows = results[0].read_text().splitlines()
+    assert len(rows) == 2 and rows[0].startswith("commit\tval_bpb")
+    assert not git.Repo(ws).is_dirty(untracked_files=False)

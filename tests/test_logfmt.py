@@ -1,0 +1,21 @@
+from autoresearch.harness import logfmt
+
+
+def test_step_line_round_trip():
+    line = logfmt.format_step(42, 14.0, 4.1234567, 1234567.8, 41.23, 0.312, 258.4)
+    m = logfmt.STEP_RE.match(line)
+    assert m and m["step"] == "00042" and m["loss"] == "4.123457" and m["mfu"] == "41.2%"
+    assert logfmt.STEP_RE.match(logfmt.format_step(1, 0, 9.0, 10, None, 1.0, 20))["mfu"] == "unknown"
+
+
+def test_summary_block_keys_in_order_and_unknowns():
+    text = logfmt.format_summary(val_bpb=0.9979, training_seconds=300.1, total_seconds=325.9, peak_vram_mb=None,
+                                 mfu_percent=None, total_tokens_M=499.6, num_steps=953, num_params_M=50.3,
+                                 depth=8, gpu="cpu", peak_tflops=None)
+    lines = text.splitlines()
+    assert lines[0] == "---"
+    keys = [logfmt.SUMMARY_LINE_RE.match(x)["key"] for x in lines[1:]]
+    assert tuple(keys) == logfmt.SUMMARY_KEYS
+    values = {logfmt.SUMMARY_LINE_RE.match(x)["key"]: logfmt.SUMMARY_LINE_RE.match(x)["value"] for x in lines[1:]}
+    assert values["val_bpb"] == "0.997900" and values["mfu_percent"] == "unknown"
+    assert values["peak_vram_mb"] == "unknown" and values["peak_tflops"] == "unknown"

@@ -1,0 +1,168 @@
+"""ar report: upstream's five-column results.tsv, our own rows, the per-knob summary, the plot, JSON, and the
+one-line answers for missing, empty and corrupt results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autoresearch import report as rep
+from autoresearch.ledger import COLUMNS, Ledger, Row, Status
+
+UPSTREAM = Path(__file__).parent / "data" / "upstream_results.tsv"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def ar(args, monkeypatch, capsys) -> tuple[int, str, str]:
+    """Run `ar ARGS` in-process through the real entry point (its error handling included)."""
+    from autoresearch.cli import console, err_console, main
+
+    monkeypatch.setattr(sys, "argv", ["ar", *map(str, args)])
+    monkeypatch.setattr(console, "width", 200)
+    monkeypatch.setattr(err_console, "width", 200)
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def upstream_repo(tmp_path):
+    d = tmp_path / "runs" / "mar5"
+    d.mkdir(parents=True)
+    shutil.copy(UPSTREAM, d / "results.tsv")
+    return tmp_path
+
+
+def sweep_rows() -> list[Row]:
+    def row(i, tbs, lr, budget, val, status, seed=42, commit=None):
+        return Row(commit=commit or f"{i:07x}aaaa", val_bpb=val, memory_gb=40.0, status=Status(status),
+                   description=f"point {i}", exp_id=i, tag="sweep-t", mfu=40.0 + i, tokens_per_s=1e6,
+                   training_seconds=budget, total_seconds=budget + 25, num_steps=100 * i, total_tokens_M=50.0 * i,
+                   time_budget=budget, seed=seed, knobs={"TOTAL_BATCH_SIZE": tbs, "LR_MULT": lr})
+    return [row(1, 2**17, 1.0, 300.0, 1.10, "keep"), row(2, 2**18, 1.0, 300.0, 1.12, "discard"),
+            row(3, 2**17, 2.0, 300.0, None, "pruned"), row(4, 2**17, 1.0, 600.0, 1.05, "keep"),
+            row(5, 2**18, 2.0, 600.0, None, "crash"),
+            row(6, 2**17, 1.0, 600.0, 1.052, "validation", seed=1, commit="0000004aaaa"),
+            row(7, 2**17, 1.0, 600.0, 1.047, "validation", seed=2, commit="0000004aaaa")]
+
+
+# ------------------------------------------------------------------------------------------------ pure
+
+def test_build_on_sweep_rows_best_top_per_knob_and_validation():
+    data = rep.build(sweep_rows(), ["sweep-t"], top=2)
+    best = data["best"]
+    assert best["commit"] == "0000004aaaa" and best["val_bpb"] == 1.05 and best["mfu"] == 44.0
+    assert best["knobs"] == {"TOTAL_BATCH_SIZE": 2**17, "LR_MULT": 1.0} and best["time_budget"] == 600.0
+    assert best["command"] == "git checkout 0000004aaaa && AR_TIME_BUDGET=600 AR_SEED=42 python train.py"
+    assert [e["index"] for e in data["top"]] == [4, 1]
+    assert len(data["experiments"]) == 7 and data["experiments"][2]["status"] == "pruned"
+    assert data["experiments"][2]["val_bpb"] is None
+    per = data["per_knob"]
+    assert [(e["value"], e["best_val_bpb"], e["runs"]) for e in per["TOTAL_BATCH_SIZE"]] == [
+        (2**17, 1.05, 5), (2**18, 1.12, 2)]
+    assert [(e["value"], e["best_val_bpb"]) for e in per["LR_MULT"]] == [(1.0, 1.05), (2.0, None)]
+    assert [(e["value"], e["best_val_bpb"]) for e in per["TIME_BUDGET"]] == [(600, 1.05), (300, 1.10)]
+    (v,) = data["validation"]
+    assert v["commit"] == "0000004aaaa" and v["n"] == 3 and v["verdict"] == "best"
+    assert v["mean"] == pytest.approx((1.05 + 1.052 + 1.047) / 3)
+    json.dumps(data)  # JSON-ready as it is
+
+
+def test_sections_are_tables_of_strings():
+    data = rep.build(sweep_rows(), ["sweep-t"], top=3)
+    secs = rep.sections(data)
+    titles = [s.title for s in secs]
+    assert titles[0].startswith("top 3 of 7 experiments") and titles[1].startswith("best: 0000004")
+    assert "per-knob: TOTAL_BATCH_SIZE" in titles and titles[-1].startswith("validation re-runs")
+    assert all(isinstance(c, str) for s in secs for r in s.rows for c in r)
+    best = dict(secs[1].rows)
+    assert best["TOTAL_BATCH_SIZE"] == "2**17" and best["LR_MULT"] == "1.0" and best["TIME_BUDGET"] == "600s"
+
+
+def test_no_candidates_means_no_best():
+    data = rep.build([Row("abc", None, None, Status.CRASH, "boom")], ["t"])
+    assert data["best"] is None and data["top"] == [] and len(data["experiments"]) == 1
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def test_report_reads_upstream_five_columns(upstream_repo, monkeypatch, capsys):
+    code, out, err = ar(["report", "--repo", upstream_repo], monkeypatch, capsys)
+    assert code == 0, err
+    assert "top 6 of 7 experiments (4 keep, 2 discard, 1 crash) — mar5" in out
+    assert "git checkout a7b8c9d && python train.py" in out
+    assert "0.988400" in out and "error" not in err
+
+
+def test_report_json_parses(upstream_repo, monkeypatch, capsys):
+    code, out, _ = ar(["report", "--repo", upstream_repo, "--json"], monkeypatch, capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert {"commit", "val_bpb", "mfu", "knobs", "time_budget"} <= set(data["best"])
+    assert data["best"]["commit"] == "a7b8c9d" and data["best"]["val_bpb"] == pytest.approx(0.9884)
+    assert len(data["experiments"]) == 7
+    crash = data["experiments"][3]
+    assert crash["status"] == "crash" and crash["val_bpb"] is None and crash["memory_gb"] is None
+
+
+def test_report_plot_is_a_valid_png(upstream_repo, tmp_path, monkeypatch, capsys):
+    png = tmp_path / "out" / "progress.png"
+    code, out, _ = ar(["report", "--repo", upstream_repo, "--plot", png], monkeypatch, capsys)
+    assert code == 0 and f"plot: {png}" in out.replace("\n", "")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    import matplotlib.image
+    img = matplotlib.image.imread(str(png))
+    assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_report_plot_of_sweep_rows(tmp_path):
+    png = rep.plot(sweep_rows(), tmp_path / "s.png")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_missing_and_empty_results_are_one_line_exit_0(tmp_path, monkeypatch, capsys):
+    code, out, _ = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
+    assert code == 0 and out.startswith("no results yet") and out.count("\n") == 1
+    (tmp_path / "runs" / "t").mkdir(parents=True)
+    (tmp_path / "runs" / "t" / "results.tsv").write_text("\t".join(COLUMNS) + "\n")
+    code, out, _ = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
+    assert code == 0 and out.startswith("no results yet in") and out.count("\n") == 1
+    code, out, _ = ar(["report", "--repo", tmp_path, "--tag", "nope", "--json"], monkeypatch, capsys)
+    assert code == 0 and out.startswith("no results for tag 'nope'")
+
+
+def test_corrupt_results_exit_non_zero_with_the_line_number(upstream_repo, monkeypatch, capsys):
+    f = upstream_repo / "runs" / "mar5" / "results.tsv"
+    lines = f.read_text().splitlines(keepends=True)
+    lines[3] = "c3d4e5f\tnot-a-number\t44.0\tdiscard\tbroken\n"
+    f.write_text("".join(lines))
+    code, out, err = ar(["report", "--repo", upstream_repo], monkeypatch, capsys)
+    assert code != 0 and "line 4" in err and "Traceback" not in err
+
+
+def test_default_tag_is_the_newest_and_all_reads_every_tag(upstream_repo, monkeypatch, capsys):
+    led = Ledger(upstream_repo / "runs" / "newer")
+    for r in sweep_rows()[:2]:
+        led.append(r)
+    old = time.time() - 100
+    os.utime(upstream_repo / "runs" / "mar5" / "results.tsv", (old, old))
+    assert rep.find_tags(upstream_repo) == ["newer", "mar5"]
+    code, out, _ = ar(["report", "--repo", upstream_repo, "--json"], monkeypatch, capsys)
+    data = json.loads(out)
+    assert data["tags"] == ["newer"] and len(data["experiments"]) == 2
+    code, out, _ = ar(["report", "--repo", upstream_repo, "--json", "--all"], monkeypatch, capsys)
+    data = json.loads(out)
+    assert data["tags"] == ["mar5", "newer"] and len(data["experiments"]) == 9
+    assert data["best"]["commit"] == "a7b8c9d" and data["experiments"][0]["tag"] == "mar5"
+    code, out, _ = ar(["report", "--repo", upstream_repo, "--tag", "newer", "--top", "1"], monkeypatch, capsys)
+    assert code == 0 and "top 1 of 2 experiments" in out and "per-knob: TOTAL_BATCH_SIZE" in out

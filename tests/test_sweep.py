@@ -1,0 +1,324 @@
+"""ar sweep: parsing and validation, expansion and order, resume keys, early stopping, halving, seeds;
+then end to end through the real Loop on temp git repos with a scripted train stand-in."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoresearch import sweep as sw
+from autoresearch.errors import ConfigError
+from autoresearch.ledger import Row, Status
+
+KNOBS = {"DEPTH": 8, "TOTAL_BATCH_SIZE": 2**19, "DEVICE_BATCH_SIZE": "auto", "LR_MULT": 1.0,
+         "WINDOW_PATTERN": "L", "VALUE_EMBEDS": True, "COMPILE_MODEL": "auto", "CPU_BATCH_DIVISOR": 64}
+
+
+def parse(data, seq_len=2048, profile="gpu"):
+    return sw.parse_sweep(data, knobs=KNOBS, seq_len=seq_len, profile=profile, default_name="t")
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+def test_values_written_as_powers_and_expressions():
+    s = parse({"axes": {"TOTAL_BATCH_SIZE": ["2**17", 2**18, "3*2**16"], "LR_MULT": [1, "1e-1"]}})
+    assert s.axes["TOTAL_BATCH_SIZE"] == [2**17, 2**18, 3 * 2**16]
+    assert s.axes["LR_MULT"] == [1.0, 0.1] and isinstance(s.axes["LR_MULT"][0], float)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"axes": {"LR": [1.0]}}, "unknown knob 'LR': train.py has DEPTH, TOTAL_BATCH_SIZE"),
+    ({"axes": {"LR_MULT": []}}, "axis LR_MULT is empty"),
+    ({"axes": {"DEPTH": [8, "deep"]}}, "DEPTH='deep' is not an integer"),
+    ({"axes": {"DEPTH": [8.5]}}, "is not an integer"),
+    ({"axes": {"LR_MULT": ["fast"]}}, "is not a number"),
+    ({"axes": {"VALUE_EMBEDS": [1]}}, "is not a boolean"),
+    ({"axes": {"WINDOW_PATTERN": [3]}}, "is not a string"),
+    ({"axes": {"TIME_BUDGET": [0]}}, "not a positive number of seconds"),
+    ({"axes": {"DEPTH": [8]}, "grid": 1}, "unknown key(s) in sweep file: grid"),
+    ({"axes": {}}, "needs `axes`"),
+    ({"axes": {"DEPTH": [8]}, "order": "random"}, "order 'random' is not one of: listed, cheap-first"),
+    ({"axes": {"DEPTH": [8]}, "fixed": {"DEPTH": 4}}, "both an axis and fixed"),
+    ({"axes": {"DEPTH": [8]}, "name": "Big Sweep"}, "sweep name 'Big Sweep'"),
+    ({"axes": {"DEPTH": [8]}, "seeds": ["a"]}, "`seeds` must be a list of integers"),
+    ({"axes": {"DEPTH": [8]}, "early_stop": {"bogus": 1}}, "early_stop takes margin"),
+    ({"axes": {"TOTAL_BATCH_SIZE": [2**16, 2**17], "DEVICE_BATCH_SIZE": [64]}},
+     "TOTAL_BATCH_SIZE=65536 is not divisible by DEVICE_BATCH_SIZE × sequence length = 64 × 2048 = 131072"),
+    ({"axes": {"TOTAL_BATCH_SIZE": [1000]}}, "not a multiple of the sequence length 2048"),
+])
+def test_bad_sweep_files_are_one_config_error_line(data, message):
+    with pytest.raises(ConfigError) as e:
+        parse(data)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_batch_check_skips_auto_and_follows_the_cpu_profile():
+    parse({"axes": {"TOTAL_BATCH_SIZE": [2**16, 2**17]}})  # DEVICE_BATCH_SIZE "auto": only seq must divide
+    parse({"axes": {"TOTAL_BATCH_SIZE": [2**17]}, "fixed": {"DEVICE_BATCH_SIZE": 64}})  # 64 × 2048 = 2**17
+    # CPU: 2**17 // 64 = 2048 tokens; device batch 64 // 8 = 8 rows × 256 = 2048: fine
+    parse({"axes": {"TOTAL_BATCH_SIZE": [2**17]}, "fixed": {"DEVICE_BATCH_SIZE": 64}}, seq_len=256, profile="cpu")
+    with pytest.raises(ConfigError, match="CPU profile"):
+        parse({"axes": {"TOTAL_BATCH_SIZE": [2**16]}, "fixed": {"DEVICE_BATCH_SIZE": 64}}, seq_len=256,
+              profile="cpu")
+
+
+def test_auto_knobs_take_concrete_values():
+    s = parse({"axes": {"COMPILE_MODEL": [True, False, "auto"], "DEVICE_BATCH_SIZE": ["auto", 16]},
+               "fixed": {"TOTAL_BATCH_SIZE": 2**15}})
+    assert len(sw.expand(s)) == 6
+
+
+def test_shipped_sweep_files_validate():
+    from pathlib import Path
+    from autoresearch.knobs import read_knobs
+    root = Path(__file__).resolve().parents[1]
+    knobs = read_knobs(root / "train.py")
+    big = sw.load_sweep(root / "configs/sweep-batch-budget.yaml", knobs=knobs, seq_len=2048, profile="gpu")
+    assert len(sw.expand(big)) == 36 and big.tag == "sweep-batch-budget"
+    small = sw.load_sweep(root / "configs/sweep-cpu-small.yaml", knobs=knobs, seq_len=256, profile="cpu")
+    assert all(p.time_budget <= 15 for p in sw.expand(small))
+
+
+# ------------------------------------------------------------------------------------- expansion, order
+
+def test_expansion_is_product_order_then_seeds():
+    s = parse({"axes": {"TOTAL_BATCH_SIZE": [2**17, 2**18], "TIME_BUDGET": [600, 300]},
+               "fixed": {"DEPTH": 4}, "seeds": [1, 2]})
+    pts = sw.expand(s)
+    assert [(p.knobs["TOTAL_BATCH_SIZE"], p.time_budget, p.seed) for p in pts] == [
+        (2**17, 600, 1), (2**17, 600, 2), (2**17, 300, 1), (2**17, 300, 2),
+        (2**18, 600, 1), (2**18, 600, 2), (2**18, 300, 1), (2**18, 300, 2)]
+    assert all(p.knobs["DEPTH"] == 4 and "TIME_BUDGET" not in p.knobs for p in pts)
+    assert pts[0].label == "DEPTH=4 TOTAL_BATCH_SIZE=2**17 budget=600s seed=1"
+
+
+def test_order_listed_and_cheap_first_is_stable():
+    s = parse({"axes": {"LR_MULT": [0.5, 1.0], "TIME_BUDGET": [1200, 300, 600]}})
+    pts = sw.expand(s)
+    assert sw.order_points(pts, "listed") == pts
+    cheap = sw.order_points(pts, "cheap-first")
+    assert [(p.time_budget, p.knobs["LR_MULT"]) for p in cheap] == [
+        (300, 0.5), (300, 1.0), (600, 0.5), (600, 1.0), (1200, 0.5), (1200, 1.0)]
+    with pytest.raises(ConfigError):
+        sw.order_points(pts, "fastest")
+
+
+# ------------------------------------------------------------------------------------- resume keys
+
+def _row(knobs, budget, status, base="abcdef1234", seed=42, val=1.0, commit="c0ffee0"):
+    return Row(commit=commit, val_bpb=val, memory_gb=1.0, status=Status(status),
+               description=f"sweep t: x base={base[:12]}", knobs=dict(knobs), time_budget=budget, seed=seed)
+
+
+def test_point_states_done_crashed_and_retry():
+    s = parse({"axes": {"LR_MULT": [0.5, 1.0, 2.0], "TIME_BUDGET": [300]}})
+    pts = sw.expand(s)
+    base = "abcdef1234567890"
+    rows = [_row({"LR_MULT": 0.5, "DEPTH": 8}, 300, "discard", base),     # done (extra knobs in row ignored)
+            _row({"LR_MULT": 1.0}, 300, "crash", base),                     # crashed
+            _row({"LR_MULT": 2.0}, 300, "keep", "0123456789ab"),            # another base: not this point
+            _row({"LR_MULT": 2.0}, 600, "keep", base),                      # another budget
+            _row({"LR_MULT": 2.0}, 300, "validation", base)]                # re-runs never count
+    assert sw.point_states(pts, rows, base) == {0: "done", 1: "crashed", 2: "todo"}
+    assert sw.point_states(pts, rows, base, retry_crashed=True) == {0: "done", 1: "todo", 2: "todo"}
+    # a later finished row of a crashed point makes it done; an interrupted one leaves it to run
+    assert sw.point_states(pts, rows + [_row({"LR_MULT": 1.0}, 300, "pruned", base)], base)[1] == "done"
+    assert sw.point_states(pts, [_row({"LR_MULT": 0.5}, 300, "interrupted", base)], base)[0] == "todo"
+
+
+def test_point_key_matches_int_and_float_and_explicit_seed():
+    s = parse({"axes": {"LR_MULT": [1]}, "fixed": {"TIME_BUDGET": 300}, "seeds": [7]})
+    base = "abcdef1234567890"
+    assert sw.point_states(sw.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=7)], base) == {0: "done"}
+    assert sw.point_states(sw.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=8)], base) == {0: "todo"}
+
+
+def test_overhead_estimate():
+    r = _row({}, 300, "keep")
+    r.training_seconds, r.total_seconds = 300.0, 330.0
+    assert sw.estimate_overhead([r, r], 30.0) == (30.0, "median of 2 past run(s)")
+    assert sw.estimate_overhead([], 12.0) == (12.0, "default estimate")
+
+
+# ------------------------------------------------------------------------------------- early stopping
+
+def test_loss_at_interpolates_and_is_none_outside():
+    c = [(10.0, 4.0), (20.0, 3.0), (40.0, 2.0)]
+    assert sw.loss_at(c, 15.0) == pytest.approx(3.5)
+    assert sw.loss_at(c, 40.0) == 2.0
+    assert sw.loss_at(c, 5.0) is None and sw.loss_at(c, 50.0) is None and sw.loss_at([], 1.0) is None
+
+
+def test_prune_decision_needs_margin_patience_and_min_pct():
+    ref = [(0.0, 5.0), (100.0, 3.0)]  # best loss at 50% is 4.0
+    es = sw.EarlyStop(margin=0.05, min_pct=20, patience=2)
+    assert sw.prune_decision([ref], 10.0, 9.0, 0, es) == (0, None)          # before min_pct: no decision
+    assert sw.prune_decision([ref], 50.0, 4.1, 0, es) == (0, None)          # inside the margin
+    assert sw.prune_decision([], 50.0, 9.0, 0, es) == (0, None)             # no reference yet
+    strikes, reason = sw.prune_decision([ref], 50.0, 4.5, 0, es)
+    assert (strikes, reason) == (1, None)
+    strikes, reason = sw.prune_decision([ref], 51.0, 4.5, strikes, es)
+    assert strikes == 2 and reason.startswith("early stop at 51.0%: loss 4.5000 vs best 3.9800")
+    assert sw.prune_decision([ref], 52.0, 3.9, 1, es) == (0, None)          # a good line resets the count
+    # the best of several references counts
+    worse = [(0.0, 9.0), (100.0, 9.0)]
+    assert sw.prune_decision([worse, ref], 50.0, 4.5, 1, es)[1] is not None
+    assert sw.prune_decision([ref], 50.0, math.nan, 1, es) == (0, None)
+
+
+def test_halving_promotes_the_top_fraction_only():
+    a, b, c, d = [((("X", float(i)),), None) for i in range(4)]
+    finished = [(a, 300.0, 1.0), (b, 300.0, 1.2), (c, 300.0, None), (d, 300.0, 1.1), (a, 150.0, 9.0)]
+    assert sw.halving_verdict(a, 600.0, finished, 0.5) is None
+    assert sw.halving_verdict(d, 600.0, finished, 0.5) is None
+    assert sw.halving_verdict(b, 600.0, finished, 0.5) == "halving: ranked 3 of 4 at budget 300s (top 2 go on)"
+    assert sw.halving_verdict(c, 600.0, finished, 0.5).startswith("halving: ranked 4 of 4")
+    assert sw.halving_verdict(b, 600.0, finished, 1.0) is None               # halving off
+    assert sw.halving_verdict(b, 300.0, finished, 0.5) is None               # nothing smaller than 300 for b
+    assert sw.halving_verdict((("X", 9.0),), 600.0, finished, 0.5) is None  # never ran smaller: no verdict
+
+
+# ------------------------------------------------------------------------------------- seeds
+
+def test_seed_stats_and_ties():
+    rows = [Row("aaa", 1.000, None, Status.KEEP, "a"), Row("aaa", 1.004, None, Status.VALIDATION, "a"),
+            Row("aaa", 0.996, None, Status.VALIDATION, "a"),
+            Row("bbb", 1.002, None, Status.DISCARD, "b"), Row("bbb", 1.006, None, Status.VALIDATION, "b"),
+            Row("ccc", 1.050, None, Status.DISCARD, "c"), Row("ccc", 1.052, None, Status.VALIDATION, "c"),
+            Row("ddd", None, None, Status.CRASH, "d")]
+    stats = sw.seed_stats(rows, ["aaa", "bbb", "ccc", "ddd"])
+    assert [s.commit for s in stats] == ["aaa", "bbb", "ccc"]
+    assert stats[0].mean == pytest.approx(1.0) and stats[0].spread == pytest.approx(0.004)
+    v = sw.verdicts(stats)
+    assert [(s.commit, verdict) for s, verdict in v] == [("aaa", "best"), ("bbb", "tie"), ("ccc", "worse")]
+    assert sw.verdicts([]) == []
+
+
+# ------------------------------------------------------------------------------------- real repos
+
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import git  # noqa: E402
+import yaml  # noqa: E402
+
+from autoresearch.ledger import read_results  # noqa: E402
+
+FAKE_TRAIN = Path(__file__).parent / "fixtures" / "fake_train.py"
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git repo whose train.py is the scripted stand-in, plus a run config for fast CPU runs."""
+    for k, v in GIT_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "repo"
+    root.mkdir()
+    text = FAKE_TRAIN.read_text().replace("STEP_SECONDS = 0.05", "STEP_SECONDS = 0.04")
+    (root / "train.py").write_text(text)
+    (root / ".gitignore").write_text("runs/\n__pycache__/\n")
+    r = git.Repo.init(root)
+    r.index.add(["train.py", ".gitignore"])
+    r.index.commit("stand-in train.py")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(
+        {"profile": "cpu", "prepare_data": False, "startup_allowance": 30.0, "eval_allowance": 30.0,
+         "noise": 0.0}))
+    return root
+
+
+def write_sweep(path: Path, **data) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def ar(args, monkeypatch, capsys) -> tuple[int, str, str]:
+    from autoresearch.cli import console, err_console, main
+
+    monkeypatch.setattr(sys, "argv", ["ar", *map(str, args)])
+    monkeypatch.setattr(console, "width", 250)
+    monkeypatch.setattr(err_console, "width", 250)
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_dry_run_prints_the_plan_in_order_and_runs_nothing(repo, tmp_path, monkeypatch, capsys):
+    f = write_sweep(tmp_path / "sweep-dry.yaml", axes={"LR_MULT": [1.0, 2.0], "TIME_BUDGET": [20, 10]},
+                    fixed={"TOTAL_BATCH_SIZE": "2**17"}, overhead_s=5)
+    args = ["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml", "--dry-run"]
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0, err
+    listed = [ln for ln in out.splitlines() if "LR_MULT=" in ln]
+    assert [("LR_MULT=1.0" in ln, "budget=20s" in ln) for ln in listed] == [
+        (True, True), (True, False), (False, True), (False, False)]
+    assert "4 of 4 points to run" in out and "CPU time ≈ 1 min = 1 min of training + 4 × 5 s per-run overhead" in out
+    code, out, err = ar(args + ["--order", "cheap-first"], monkeypatch, capsys)
+    listed = [ln for ln in out.splitlines() if "LR_MULT=" in ln]
+    assert [("LR_MULT=1.0" in ln, "budget=20s" in ln) for ln in listed] == [
+        (True, False), (False, False), (True, True), (False, True)]
+    assert not (repo / "runs").exists()
+    assert [h.name for h in git.Repo(repo).heads] == [git.Repo(repo).active_branch.name]
+
+
+def test_bad_sweep_file_is_one_line_before_anything_runs(repo, tmp_path, monkeypatch, capsys):
+    f = write_sweep(tmp_path / "bad.yaml", axes={"LR": [1.0]})
+    code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "unknown knob 'LR': train.py has DEPTH, TOTAL_BATCH_SIZE, DEVICE_BATCH_SIZE, LR_MULT" in err
+    assert not (repo / "runs").exists() and len(git.Repo(repo).heads) == 1
+    f = write_sweep(tmp_path / "bad2.yaml", axes={"TOTAL_BATCH_SIZE": [1000]})
+    code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
+    assert code == 1 and "not a multiple of the sequence length 256 (cpu profile)" in err
+    f = write_sweep(tmp_path / "bad3.yaml", axes={"LR_MULT": [1.0]}, base="no-such-branch")
+    code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
+    assert code == 1 and "base 'no-such-branch' is not a commit or branch" in err
+
+
+def sweep_rows(repo: Path, tag: str):
+    return read_results(repo / "runs" / tag / "results.tsv")
+
+
+def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypatch, capsys):
+    f = write_sweep(tmp_path / "sweep-e2e.yaml", axes={"LR_MULT": [1.0, 2.0], "TOTAL_BATCH_SIZE": ["2**17", "2**19"]},
+                    fixed={"TIME_BUDGET": 1}, order="listed")
+    args = ["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"]
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0, out + err
+    rows = sweep_rows(repo, "sweep-e2e")
+    assert [r.status.value for r in rows] == ["keep", "discard", "discard", "discard"]
+    assert [(r.knobs["LR_MULT"], r.knobs["TOTAL_BATCH_SIZE"], r.time_budget, r.seed) for r in rows] == [
+        (1.0, 2**17, 1.0, 42), (1.0, 2**19, 1.0, 42), (2.0, 2**17, 1.0, 42), (2.0, 2**19, 1.0, 42)]
+    assert rows[0].val_bpb == pytest.approx(1.0) and all(r.val_bpb > 1.0 for r in rows[1:])
+    g = git.Repo(repo)
+    assert g.active_branch.name == "autoresearch/sweep-e2e"
+    assert "LR_MULT = 1.0" in (repo / "train.py").read_text()          # the tree is at the best point
+    assert "best: " in out and "ran 4 experiment(s)" in out
+    # the same sweep again: everything is done, nothing runs
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0 and "0 of 4 points to run, 4 already done" in out and "ran 0 experiment(s)" in out
+    assert len(sweep_rows(repo, "sweep-e2e")) == 4
+    # and the report reads it: best config, its knobs, the command, the per-knob summary
+    code, out, err = ar(["report", "--repo", repo, "--json"], monkeypatch, capsys)
+    data = json.loads(out)
+    assert data["tags"] == ["sweep-e2e"] and len(data["experiments"]) == 4
+    best = data["best"]
+    assert best["commit"] == rows[0].commit and best["knobs"]["LR_MULT"] == 1.0 and best["time_budget"] == 1.0
+    assert best["command"] == f"git checkout {rows[0].commit} && AR_TIME_BUDGET=1 AR_SEED=42 python train.py"
+    assert [e["value"] for e in data["per_knob"]["TOTAL_BATCH_SIZE"]] == [2**17, 2**19]
+    png = tmp_path / "sweep.png"
+    code, out, err = ar(["report", "--repo", repo, "--plot", png], monkeypatch, capsys)
+    assert code == 0 and "per-knob: LR_MULT" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
