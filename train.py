@@ -59,7 +59,8 @@ from autoresearch.harness.backend import resolve as resolve_backend
 from autoresearch.harness.env import RunEnv
 from autoresearch.harness.gpus import lookup as lookup_peak, mfu_percent
 
-UNTIMED_STEPS = 10           # the first steps (compilation, autotuning) do not count against the budget
+UNTIMED_STEPS = 10           # the first GPU steps (compilation, autotuning) do not count against the budget
+UNTIMED_STEPS_CPU = 2        # nothing compiles on the CPU profile
 ATTENTION_BACKENDS = ("cudnn", "flash", "efficient", "fa3", "math")
 _SDPA = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -497,6 +498,7 @@ def train(env: RunEnv, t_start: float) -> dict:
     step_model = torch.compile(model, dynamic=False) if compile_model else model
     loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed)
 
+    untimed = UNTIMED_STEPS if device.type == "cuda" else UNTIMED_STEPS_CPU
     step, training_time, progress, tokens = 0, 0.0, 0.0, 0
     try:
         while progress < 1.0:
@@ -515,7 +517,7 @@ def train(env: RunEnv, t_start: float) -> dict:
                                    f"or the learning rates", 2)
             step += 1
             tokens += total_batch
-            if step > UNTIMED_STEPS:
+            if step > untimed:
                 training_time += dt
             progress = min(1.0, training_time / env.time_budget)
             tps = total_batch / dt
@@ -532,7 +534,7 @@ def train(env: RunEnv, t_start: float) -> dict:
     with attention_context(attention):
         val_bpb = evaluate_bpb(model, tok_dir, eval_tokens=env.eval_tokens, batch_size=device_batch,
                                seq_len=seq_len, device=device, record_path=env.result_file, dataset=env.dataset)
-    timed_steps = max(1, step - UNTIMED_STEPS)
+    timed_steps = max(1, step - untimed)
     steady_tps = total_batch * timed_steps / training_time if training_time > 0 else None
     return dict(
         val_bpb=val_bpb, training_seconds=training_time, total_seconds=time.time() - t_start,

@@ -17,6 +17,7 @@ import git
 from .errors import GitError
 
 RUNS_DIR = "runs"
+IGNORED = (f"/{RUNS_DIR}/", "__pycache__/", "*.pyc", ".aider*", "/.claude/", "/.codex/")
 _IDENTITY = {"GIT_AUTHOR_NAME": "ar", "GIT_AUTHOR_EMAIL": "ar@localhost",
              "GIT_COMMITTER_NAME": "ar", "GIT_COMMITTER_EMAIL": "ar@localhost"}
 TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -107,14 +108,16 @@ class GitRepo:
             raise GitError(f"the working tree has uncommitted changes ({shown}); commit them "
                            "(git commit -am '…') or put them aside (git stash) before `ar run`")
 
-    def ensure_ignored(self, pattern: str = f"/{RUNS_DIR}/") -> None:
-        """Make sure `pattern` is ignored, through .git/info/exclude so that nothing gets committed."""
+    def ensure_ignored(self, patterns: tuple[str, ...] = None) -> None:
+        """Make sure runs/ and agents' scratch files are ignored, through .git/info/exclude (nothing committed)."""
+        patterns = patterns or IGNORED
         exclude = self.git_dir / "info" / "exclude"
         text = exclude.read_text() if exclude.exists() else ""
-        if pattern not in text.splitlines():
+        missing = [p for p in patterns if p not in text.splitlines()]
+        if missing:
             exclude.parent.mkdir(parents=True, exist_ok=True)
             exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") +
-                               f"# ar: experiment results\n{pattern}\n")
+                               "# ar: experiment results and agents' scratch files\n" + "".join(p + "\n" for p in missing))
 
     def clear_stale_index_lock(self) -> bool:
         """Remove .git/index.lock left by a killed git process; call only while holding ar's repo lock."""
@@ -224,23 +227,39 @@ class GitRepo:
         return self._git("show", f"{sha}:{path}", strip_newline_in_stdout=False)
 
 
-def git_state(git_dir: Path) -> dict[str, str]:
-    """A fingerprint of what a proposal must never touch inside .git: config, hooks, HEAD, refs, info/."""
-    import hashlib
+_GIT_FILES = ("config", "HEAD", "packed-refs", "info/exclude", "info/attributes", "info/grafts", "shallow")
+_GIT_DIRS = ("hooks", "refs/heads", "refs/tags", "refs/ar")
+
+
+def git_state(git_dir: Path) -> dict[str, bytes]:
+    """What a proposal must never touch inside .git (config, hooks, HEAD, refs, info/): path -> bytes."""
     state = {}
-    for rel in ("config", "HEAD", "packed-refs", "info/exclude", "info/attributes", "info/grafts", "shallow"):
+    for rel in _GIT_FILES:
         f = git_dir / rel
-        state[rel] = hashlib.sha1(f.read_bytes()).hexdigest() if f.is_file() else ""
-    for sub in ("hooks", "refs/heads", "refs/tags", "refs/ar"):
+        if f.is_file():
+            state[rel] = f.read_bytes()
+    for sub in _GIT_DIRS:
         d = git_dir / sub
         if d.is_dir():
             for f in sorted(d.rglob("*")):
-                if f.is_file():
+                if f.is_file() and not f.name.endswith(".lock"):
                     try:
-                        state[str(f.relative_to(git_dir))] = hashlib.sha1(f.read_bytes()).hexdigest()
+                        state[str(f.relative_to(git_dir))] = f.read_bytes()
                     except OSError:
                         continue
     return state
+
+
+def restore_git_state(git_dir: Path, state: dict[str, bytes]) -> None:
+    """Put back what git_state saw: rewrite changed files, delete files that appeared since."""
+    now = git_state(git_dir)
+    for rel in set(now) - set(state):
+        (git_dir / rel).unlink(missing_ok=True)
+    for rel, data in state.items():
+        if now.get(rel) != data:
+            f = git_dir / rel
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_bytes(data)
 
 
 def environ_without_git() -> dict[str, str]:

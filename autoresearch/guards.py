@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import GitError
-from .gitops import GitRepo, git_state
+from .gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_EVAL_TOKENS", "AR_RESULT_FILE", "AR_SEED", "AR_DATASET", "AR_CACHE",
               "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE")
@@ -32,7 +31,7 @@ class Snapshot:
 
     parent: str
     untracked: dict[str, tuple[int, int]]
-    git: dict[str, str]
+    git: dict[str, bytes]
     runs: dict[str, tuple[int, int]]               # files under runs/<tag>/ -> (size, mtime_ns)
     backups: dict[str, bytes] = field(default_factory=dict)  # bookkeeping files' bytes, to restore
 
@@ -79,8 +78,10 @@ def check_scope(repo: GitRepo, snap: Snapshot, allowed: list[str], tag_dir: Path
 
 
 def restore(repo: GitRepo, snap: Snapshot, tag_dir: Path) -> None:
-    """Put the working tree back to the parent commit and the loop's bookkeeping back as it was."""
-    new_untracked = [p for p, st in repo.untracked().items() if snap.untracked.get(p) != st and p not in snap.untracked]
+    """Put .git, the working tree (at the parent commit) and the loop's bookkeeping back as they were.
+    Untracked files the proposal created are deleted; ones that were there before are left alone."""
+    restore_git_state(repo.git_dir, snap.git)
+    new_untracked = [p for p in repo.untracked() if p not in snap.untracked]
     repo.reset_hard(snap.parent)
     repo.remove_untracked(new_untracked)
     tag_dir.mkdir(parents=True, exist_ok=True)
@@ -171,11 +172,3 @@ def check_files(repo: GitRepo, parent: str, paths: list[str]) -> str | None:
             if reason:
                 return reason
     return None
-
-
-def fingerprint(root: Path, paths: list[str]) -> str:
-    h = hashlib.sha1()
-    for p in sorted(paths):
-        f = root / p
-        h.update(p.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"<none>") + b"\0")
-    return h.hexdigest()

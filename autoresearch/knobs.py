@@ -3,7 +3,7 @@
 Values are read with `ast` and evaluated by a small safe evaluator (numbers, strings, booleans, None and
 arithmetic such as `2**19` or `-1e-3`); assignments whose value is anything else (a call, a name) are not
 knobs. Rewriting replaces only the source span of each value, so comments, spacing and every other line
-stay as they were; powers of two are written back as `2**N`.
+stay as they were; a value written as `2**N` stays in that style.
 """
 
 from __future__ import annotations
@@ -127,11 +127,13 @@ def read_knobs(path: Path) -> dict[str, Value]:
 
 
 def render(value: Value, old_source: str | None = None) -> str:
-    """Python source for a knob value; powers of two >= 256 (or written as 2**N before) come out as 2**N."""
+    """Python source for a knob value. A power of two comes out as 2**N when the old value was written that
+    way (or, with no old value, from 2**12 up); everything else as a plain literal."""
     if isinstance(value, bool) or value is None:
         return repr(value)
     if isinstance(value, int):
-        if value > 1 and value & (value - 1) == 0 and (value >= 256 or (old_source and "**" in old_source)):
+        pow2 = value > 1 and value & (value - 1) == 0
+        if pow2 and ("**" in old_source if old_source else value >= 2**12):
             return f"2**{value.bit_length() - 1}"
         return str(value)
     if isinstance(value, float):

@@ -79,7 +79,7 @@ class ExperimentQueue:
             if i in self._specs:
                 return f"spec {i} added twice"
             kind, payload = ev.get("kind"), ev.get("payload", {})
-            if kind not in KINDS or not isinstance(payload, dict):
+            if not isinstance(kind, str) or not kind or not isinstance(payload, dict):
                 return f"bad spec {line[:60]!r}"
             self._specs[i] = Spec(i, kind, payload)
         elif op in ("start", "done"):

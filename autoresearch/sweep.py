@@ -680,8 +680,7 @@ class EarlyStopper:
 
 def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, on_event=None,
               command: str = "ar sweep") -> SweepResult:
-    """Run what the plan has left through the Loop (lock, commit, subprocess, record, hooks, durable queue),
-    holding the repo lock from the first point to the last.
+    """Run what the plan has left through the Loop (lock, commit, subprocess, record, hooks, durable queue).
 
     Rounds: every point at once, or with early stopping one round per budget so that successive halving
     can leave the losers of a smaller budget out of the next. Specs queued by an earlier, interrupted call
@@ -698,23 +697,33 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
         git.repo.create_head(branch_name(p.tag), p.base)
     monitor = EarlyStopper(p.tag_dir, p.sweep.early_stop) if early_stop else None
     result = SweepResult()
-    with Loop(cfg, p.repo, p.tag, None, on_event=on_event, monitor_factory=monitor, baseline=False,
-              command=command) as loop:
-        ensure_data(cfg, loop.profile, say)
 
-        def drain() -> bool:
-            """Run the queue empty; False when the loop stopped for another reason (Ctrl-C, crashes)."""
-            if not loop.queue.pending():
-                return True
-            summary = loop.run()
+    def loop(budget: float | None = None) -> Loop:
+        c = cfg if budget is None else replace(cfg, time_budget=budget)
+        return Loop(c, p.repo, p.tag, None, on_event=on_event, monitor_factory=monitor, baseline=False,
+                    command=command)
+
+    def drain() -> bool:
+        """Run the queue empty; False when the loop stopped for another reason (Ctrl-C, crashes). A re-run
+        takes its budget from the run config, so consecutive re-runs of one budget share a Loop set to it."""
+        while pending := _pending(p):
+            budget = next((s.payload.get("time_budget") for s in pending if s.kind == "rerun"), None)
+            n = next((i for i, s in enumerate(pending) if s.kind == "rerun" and
+                      s.payload.get("time_budget") != budget), len(pending))
+            summary = loop(budget).run(max_experiments=n)
             result.ran += summary.experiments
             result.stop_reason = summary.stop_reason
             result.interrupted, result.failed = summary.interrupted, summary.failed
-            return not (summary.interrupted or summary.failed or loop.queue.pending())
+            if summary.interrupted or summary.failed or summary.experiments < n:
+                return False
+        return True
 
-        ok = drain()
-        for group in rounds(p.points, early_stop) if ok else []:
-            rows = loop.ledger.rows()
+    with loop() as first:
+        ensure_data(first.cfg, first.profile, say)
+    ok = drain()
+    for group in rounds(p.points, early_stop) if ok else []:
+        with loop() as lp:
+            rows = lp.ledger.rows()
             states = point_states(p.points, rows, p.base, retry_crashed=p.retry_crashed)
             found = rows_by_point(p.points, rows, p.base)
             finished = [(q.config_key(), q.time_budget, _val(found[q.index])) for q in p.points if q.index in found]
@@ -729,25 +738,40 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
                     result.halved.append((q, verdict))
                     say(f"left out {q.label}: {verdict}")
                     continue
-                loop.enqueue_knobs(q.knobs, time_budget=q.time_budget, seed=q.seed,
-                                   description=describe(p.sweep, q, p.base))
-            if not (ok := drain()):
-                break
-        if ok and validate_top > 0:
-            rows = loop.ledger.rows()
-            have = {(r.commit, r.seed) for r in rows if _status(r) in FINISHED_STATUSES | {"validation"}}
-            for commit in _top_commits(p, rows, validate_top):
-                for seed in p.sweep.validate_seeds:
-                    if (commit, seed) not in have:
-                        loop.enqueue_rerun(commit, seed, f"sweep {p.sweep.name}: validation of {commit} seed {seed}")
-            drain()
-        rows = loop.ledger.rows()
+                lp.enqueue_knobs(q.knobs, time_budget=q.time_budget, seed=q.seed,
+                                 description=describe(p.sweep, q, p.base))
+        if not (ok := drain()):
+            break
+    if ok and validate_top > 0:
+        with loop() as lp:
+            _enqueue_validation(p, lp, validate_top)
+        drain()
+    from .ledger import read_results
+    rows = read_results(p.tag_dir / "results.tsv")
     done = [r for r in rows_by_point(p.points, rows, p.base).values() if _val(r) is not None]
     result.best = min(done, key=lambda r: r.val_bpb) if done else None
     if validate_top > 0:
         labels = {r.commit: r.description.split(": ", 1)[-1].split(" base=")[0] for r in done}
         result.validation = verdicts(seed_stats(rows, _top_commits(p, rows, validate_top), labels))
     return result
+
+
+def _pending(p: Plan) -> list:
+    from .queue import ExperimentQueue
+    return ExperimentQueue(p.tag_dir / "queue.jsonl", warn=lambda m: None).pending()
+
+
+def _enqueue_validation(p: Plan, lp, k: int) -> None:
+    """A `rerun` spec per validation seed not yet recorded for each of the best k points, grouped by budget.
+    The payload carries the point's budget (the Loop that runs it is set to the same budget)."""
+    rows = lp.ledger.rows()
+    have = {(r.commit, r.seed) for r in rows if _status(r) in FINISHED_STATUSES | {"validation"}}
+    top = {r.commit: r for r in rows_by_point(p.points, rows, p.base).values() if r.commit in _top_commits(p, rows, k)}
+    for commit, r in sorted(top.items(), key=lambda cr: cr[1].time_budget or 0.0):
+        for seed in p.sweep.validate_seeds:
+            if (commit, seed) not in have:
+                lp.queue.add("rerun", {"commit": lp.git.resolve(commit), "seed": seed, "time_budget": r.time_budget,
+                                       "description": f"sweep {p.sweep.name}: validation of {commit} seed {seed}"})
 
 
 def rounds(points: Sequence[Point], early_stop: bool) -> list[list[Point]]:

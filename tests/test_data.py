@@ -117,6 +117,7 @@ def test_max_bytes_caps_the_corpus(tmp_path):
 @pytest.mark.parametrize("setup, match", [
     (lambda d: None, "has no .parquet, .jsonl or .txt files"),
     (lambda d: write_parquet(d / "x.parquet", ["a", "b"], column="content"), r"x\.parquet has no `text` column.*content"),
+    (lambda d: write_parquet(d / "x.parquet", [1, 2], column="text"), r"x\.parquet: column `text` holds int64"),
     (lambda d: (d / "x.jsonl").write_text('{"text": "ok"}\n{"body": "no"}\n'), r"x\.jsonl:2 has no string `text` field"),
     (lambda d: (d / "x.jsonl").write_text('{"text": "ok"}\nnot json\n'), r"x\.jsonl:2 is not valid JSON"),
     (lambda d: (d / "x.parquet").write_bytes(b"PAR1 this is not parquet"), r"x\.parquet is not a readable parquet"),
@@ -312,3 +313,21 @@ def test_climbmix_shard_arguments(tmp_path):
         data.prepare("climbmix", cache=tmp_path, vocab_size=VOCAB, num_shards=3, val_shard=2)
     with pytest.raises(DataError, match="at least one training shard"):
         data.prepare("climbmix", cache=tmp_path, vocab_size=VOCAB, num_shards=0)
+
+
+# ---- the command --------------------------------------------------------------------------------------------
+
+def test_cli_prepare(tmp_path, isolated_cache):
+    from typer.testing import CliRunner
+
+    from autoresearch.cli import app
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(10):
+        (src / f"{i}.txt").write_text(f"document number {i}. " * 40)
+    result = CliRunner().invoke(app, ["prepare", "files", "--path", str(src), "--name", "mine", "--vocab-size", "300"])
+    assert result.exit_code == 0, result.output
+    assert "prepared mine (files)" in result.output
+    assert data.check_prepared(isolated_cache, "mine", 300).is_dir()
+    result = CliRunner().invoke(app, ["prepare", "files", "--path", str(tmp_path / "nope")])
+    assert result.exit_code != 0 and isinstance(result.exception, DataError)

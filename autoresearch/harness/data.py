@@ -186,13 +186,17 @@ def parquet_texts(path: Path) -> Iterator[str]:
     """The non-empty `text` values of a parquet file; DataError naming the file if it is not one."""
     try:
         pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
+        schema = pf.schema_arrow
+        names = schema.names
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path} is not a readable parquet file, corrupt or truncated ({_one_line(e)}); "
                         "delete or replace it and run `ar prepare` again") from None
     if "text" not in names:
         raise DataError(f"{path} has no `text` column (it has: {', '.join(names) or 'none'}); "
                         "name the column that holds the documents `text`")
+    kind = schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: column `text` holds {kind}, not strings; store the documents as strings")
     try:
         for batch in pf.iter_batches(columns=["text"], batch_size=1024):
             for t in batch.column(0).to_pylist():

@@ -1,0 +1,118 @@
+"""train.py on the CPU profile: the summary end to end, the evaluator record, the fast failures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoresearch.harness import logfmt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_train(path: Path = ROOT / "train.py"):
+    spec = importlib.util.spec_from_file_location("train_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_train(tmp_path, tiny_dataset, budget="3", knobs: dict | None = None):
+    script = ROOT / "train.py"
+    if knobs:
+        text = script.read_text()
+        for name, value in knobs.items():
+            text = re.sub(rf"^{name} = [^#\n]*", f"{name} = {value!r}  ", text, count=1, flags=re.M)
+        script = tmp_path / "train.py"
+        script.write_text(text)
+    record = tmp_path / "record.json"
+    env = dict(os.environ, AR_CACHE=str(tiny_dataset.cache), AR_DATASET=tiny_dataset.name, AR_PROFILE="cpu",
+               AR_TIME_BUDGET=budget, AR_RESULT_FILE=str(record), AR_EVAL_TOKENS=str(2**13),
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    return proc, record
+
+
+def summary_of(stdout: str) -> dict:
+    lines = stdout.splitlines()
+    assert "---" in lines, stdout[-2000:]
+    out = {}
+    for line in lines[lines.index("---") + 1:]:
+        m = logfmt.SUMMARY_LINE_RE.match(line)
+        out[m["key"]] = m["value"]
+    return out
+
+
+def test_cpu_run_prints_summary_and_matching_record(tmp_path, tiny_dataset):
+    proc, record = run_train(tmp_path, tiny_dataset)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    s = summary_of(proc.stdout)
+    assert tuple(s) == logfmt.SUMMARY_KEYS
+    val = float(s["val_bpb"])
+    assert 0.5 < val < 12 and math.isfinite(val)
+    assert float(s["training_seconds"]) >= 3.0
+    assert s["gpu"] == "cpu" and s["mfu_percent"] == "unknown"
+    rec = json.loads(record.read_text())
+    assert f"{rec['val_bpb']:.6f}" == s["val_bpb"] and rec["eval_tokens"] == 2**13
+    steps = [ln for ln in proc.stdout.splitlines() if logfmt.STEP_RE.match(ln)]
+    assert len(steps) == int(s["num_steps"]) > 2
+
+
+def test_nan_fails_fast_with_a_clear_line(tmp_path, tiny_dataset):
+    proc, record = run_train(tmp_path, tiny_dataset, budget="60", knobs={"LR_MULT": 1e9, "SOFTCAP": 0.0})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert any(ln.startswith("FAIL:") and "diverged" in ln for ln in proc.stdout.splitlines())
+    assert "---" not in proc.stdout.splitlines() and not record.exists()
+
+
+def test_batch_that_does_not_divide_is_one_line(tmp_path, tiny_dataset):
+    proc, _ = run_train(tmp_path, tiny_dataset, knobs={"DEVICE_BATCH_SIZE": 24})
+    assert proc.returncode == 1
+    fail = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL:")]
+    assert len(fail) == 1 and "DEVICE_BATCH_SIZE" in fail[0] and "Traceback" not in proc.stderr
+
+
+def test_missing_data_is_one_line(tmp_path):
+    env = dict(os.environ, AR_CACHE=str(tmp_path / "empty"), AR_PROFILE="cpu", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "ar prepare" in proc.stdout
+
+
+def test_import_has_no_side_effects_and_model_shapes():
+    train = load_train()
+    cfg = train.make_config(vocab_size=256, seq_len=32, profile_name="cpu")
+    model = train.build_model(cfg, "cpu")
+    x = torch.randint(0, 256, (2, 32))
+    loss = model(x, x, reduction="none")
+    assert loss.shape == (2, 32) and torch.isfinite(loss).all()
+    # fresh model: roughly uniform over the vocab
+    assert abs(model(x, x).item() - math.log(256)) < 0.5
+    assert model.flops_per_token() > 6 * 0.5 * model.num_params() - 1
+
+
+def test_orthogonalize_gives_near_orthogonal_rows():
+    train = load_train()
+    g = torch.randn(3, 64, 256)
+    o = train.orthogonalize(g).float()
+    sv = torch.linalg.svdvals(o)
+    assert sv.min() > 0.5 and sv.max() < 1.3      # Polar Express lands singular values near 1
+
+
+def test_cpu_profile_scales_the_same_knobs():
+    train = load_train()
+    s = train.sizes_for("cpu")
+    assert s["depth"] == max(1, train.DEPTH - train.CPU_DEPTH_OFFSET)
+    assert s["total_batch"] == train.TOTAL_BATCH_SIZE // train.CPU_BATCH_DIVISOR
+    assert train.sizes_for("gpu")["depth"] == train.DEPTH
