@@ -225,7 +225,7 @@ class GPT(nn.Module):
             logits = self.cfg.softcap * torch.tanh(logits / self.cfg.softcap)
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), reduction=reduction)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return loss.view_as(targets) if reduction == "none" else loss
 
     def num_params(self) -> int:

@@ -356,10 +356,13 @@ def raise_if_blocking(checks: list[Check], probe: "ProbeReport | None" = None) -
         raise ArError("the probe found no path that runs correctly; see its table; train.py keeps its defaults")
 
 
-def as_json(checks: list[Check], probe: "ProbeReport | None" = None) -> dict:
+NO_GPU = "the probe needs a CUDA GPU; nothing to measure here (CPU runs use fixed settings)"
+
+
+def as_json(checks: list[Check], probed: bool = False, probe: "ProbeReport | None" = None) -> dict:
     doc = {"ok": not blocking(checks), "checks": [asdict(c) for c in checks]}
-    if probe is not None:
-        doc["probe"] = probe.as_dict()
+    if probed:
+        doc["probe"] = probe.as_dict() if probe is not None else {"skipped": NO_GPU}
     return doc
 
 
@@ -393,25 +396,32 @@ class ProbeResult:
     skipped: str | None = None  # why it never ran
 
 
-def compare(losses: list[float], reference: list[float], rtol: float) -> tuple[bool, float | None, str]:
-    """Losses match the reference step for step within `rtol` (relative); (ok, max relative diff, why)."""
+def compare(losses: list[float], reference: list[float], rtol: float = 2e-2, first_steps: int = 3,
+            later_rtol: float = 0.1) -> tuple[bool, float | None, str]:
+    """Do the losses match the reference's? (ok, largest relative difference, why not).
+
+    Within `rtol` on each of the first steps, within `later_rtol` after them: a few full-LR steps on one batch
+    drift apart chaotically (on an H200 a compiled model was 2.7 % off eager by step 4 at batch 128, 0.2 % at
+    step 2), while a broken path is off from the first update on or never learns.
+    """
     if not losses or len(losses) != len(reference):
         return False, None, f"{len(losses)} losses against the reference's {len(reference)}"
-    worst, at = 0.0, 0
+    diffs = []
     for i, (a, b) in enumerate(zip(losses, reference)):
         if not math.isfinite(a):
             return False, None, f"loss {a} at step {i}"
-        rel = abs(a - b) / max(abs(b), 1e-8)
-        if rel > worst:
-            worst, at = rel, i
-    if worst > rtol:
-        return False, worst, f"loss off by {100 * worst:.1f}% at step {at} ({losses[at]:.4f} vs {reference[at]:.4f})"
-    return True, worst, ""
+        diffs.append(abs(a - b) / max(abs(b), 1e-8))
+    for i, d in enumerate(diffs):
+        if d > (rtol if i < first_steps else later_rtol):
+            return False, max(diffs), (f"loss off by {100 * d:.1f}% at step {i} "
+                                       f"({losses[i]:.4f} vs {reference[i]:.4f})")
+    return True, max(diffs), ""
 
 
 def choose(results: list[ProbeResult], reference: ProbeResult | Mapping[int, ProbeResult], *,
-           rtol: float = 2e-2, slow_fraction: float = 0.5) -> tuple[Candidate | None, list[dict]]:
-    """The fastest candidate whose losses match the reference at its batch size, and one row per result.
+           slow_fraction: float = 0.5, **tolerance) -> tuple[Candidate | None, list[dict]]:
+    """The fastest candidate whose losses match the reference at its batch size (`compare`, with `tolerance`),
+    and one row per result.
 
     Statuses: chosen, correct, alive but slow (correct, under slow_fraction of the best tokens/s), incorrect,
     failed, unverified (no working reference at that batch), skipped.
@@ -420,7 +430,8 @@ def choose(results: list[ProbeResult], reference: ProbeResult | Mapping[int, Pro
     rows = []
     for r in results:
         row = {**asdict(r.candidate), "label": r.candidate.label, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
-               "peak_vram_mb": r.peak_vram_mb, "max_loss_diff": None, "status": "", "note": ""}
+               "peak_vram_mb": r.peak_vram_mb, "max_loss_diff": None, "status": "", "note": "",
+               "losses": [round(v, 4) for v in r.losses]}
         ref = refs.get(r.candidate.device_batch)
         if r.skipped:
             row.update(status="skipped", note=r.skipped)
@@ -429,7 +440,7 @@ def choose(results: list[ProbeResult], reference: ProbeResult | Mapping[int, Pro
         elif ref is None or not ref.ok:
             row.update(status="unverified", note=f"no working reference at batch {r.candidate.device_batch}")
         else:
-            good, diff, why = compare(r.losses, ref.losses, rtol)
+            good, diff, why = compare(r.losses, ref.losses, **tolerance)
             row.update(max_loss_diff=diff, status="correct" if good else "incorrect", note=why)
             if good and r.tokens_per_s is None:
                 row.update(status="unverified", note="no tokens/s measured")
@@ -461,13 +472,15 @@ class ProbeReport:
 
 def run_probe(execute: Callable[[Candidate, float], ProbeResult], default: Candidate, *, budget_s: float = 180,
               clock: Callable[[], float] = time.monotonic, attentions=("cudnn", "flash", "fa3"),
-              last_attentions=("math",), per_run_cap: float = 150, min_start: float = 10) -> ProbeReport:
+              last_attentions=("math",), per_run_cap: float = 150, min_start: float = 10,
+              progress: Callable[[ProbeResult], None] | None = None) -> ProbeReport:
     """Measure candidates in stages within `budget_s`, each against an eager reference at its batch size.
 
     1. the reference (efficient attention, eager everything) and each attention backend, eager, at half the
        default batch; 2. compiled optimizer / compiled model with the best attention so far; 3. the best
        config at the default batch and twice it (capped), plus the defaults themselves; 4. `last_attentions`.
     A candidate that would start with less than `min_start` seconds left is skipped, and so says its row.
+    `progress` is called with each result as it comes.
     """
     start = clock()
     results: list[ProbeResult] = []
@@ -489,6 +502,8 @@ def run_probe(execute: Callable[[Candidate, float], ProbeResult], default: Candi
                 return r
         r = attempt(c)
         results.append(r)
+        if progress is not None:
+            progress(r)
         return r
 
     def reference_at(batch: int) -> ProbeResult:

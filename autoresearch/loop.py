@@ -32,6 +32,7 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -56,6 +57,7 @@ from .runner import STOP_INTERRUPTED, run_training
 Monitor = Callable[[StepPoint], "str | None"]
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
 DIFF_CAP = 1 << 20
+TAIL_LINES = 64
 
 
 @dataclass
@@ -440,9 +442,11 @@ class Loop:
                  if self.cfg.min_mfu is not None or self.cfg.min_tokens_per_s is not None else None)
         monitor = self.monitor_factory(x.spec) if self.monitor_factory and x.spec.kind != "rerun" else None
         stopped_by: list[Status] = []
+        x.tail = deque(maxlen=TAIL_LINES)
         self._status_exp(x, "training", budget=budget)
 
         def on_line(line: str) -> str | None:
+            x.tail.append(line)
             p = parse_step(line) if line.startswith("step ") else None
             if p is None:
                 return None
@@ -460,6 +464,9 @@ class Loop:
                               timeout=budget + self.cfg.startup_allowance + self.cfg.eval_allowance,
                               on_line=on_line, max_log_bytes=int(self.cfg.max_log_mb * 2**20))
         x.wall = result.wall_seconds
+        if result.log_truncated:  # the cap dropped the end of the output: keep its last lines (the summary)
+            with open(result.log_path, "a", encoding="utf-8", errors="replace") as f:
+                f.write(f"[ar] the last {len(x.tail)} lines of the output:\n" + "".join(ln[:400] + "\n" for ln in x.tail))
         return result, (stopped_by[0] if stopped_by else None)
 
     def _classify(self, x: "_Exp", result, stopped_by: Status | None, budget: float):
@@ -634,6 +641,7 @@ class _Exp:
     seed: int | None = None
     exp_dir: Path | None = None
     mfu: float | None = None
+    tail: deque = field(default_factory=deque)  # the run's last output lines
     val_bpb: float | None = None     # set only when the run counted (clean exit, summary, record confirmed)
     t_run: float = 0.0
     wall: float = 0.0

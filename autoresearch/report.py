@@ -11,10 +11,10 @@ import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .errors import ConfigError
-from .sweep import FINISHED_STATUSES, _knob_str, _show, _status, seed_stats, verdicts
+from .sweep import FINISHED_STATUSES, seed_stats, show_number, show_value, status_of, verdicts
 
 CANDIDATES = frozenset({"keep", "discard"})  # rows that may be "the best config"
 _FIELDS = ("commit", "val_bpb", "memory_gb", "status", "description", "exp_id", "tag", "parent", "mfu",
@@ -61,42 +61,52 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False) -> tu
         if not path.is_file():
             return tags, [], f"no results for tag {t!r}: {path} does not exist"
         for r in read_results(path):
-            rows.append(r if getattr(r, "tag", "") else _with_tag(r, t))
+            r.tag = r.tag or t  # upstream's rows have no tag column
+            rows.append(r)
     if not rows:
         return tags, [], f"no results yet in {', '.join(str(runs / t / 'results.tsv') for t in tags)}"
     return tags, rows, None
-
-
-def _with_tag(row, tag: str):
-    try:
-        row.tag = tag
-    except AttributeError:
-        pass
-    return row
 
 
 # ---------------------------------------------------------------- pure summaries
 
 def experiment(row, index: int) -> dict:
     d = {f: getattr(row, f, None) for f in _FIELDS}
-    d["status"] = _status(row)
+    d["status"] = status_of(row)
     d["knobs"] = dict(row.knobs or {})
     d["index"] = index
     return {k: _clean(v) for k, v in d.items()}
 
 
 def best_row(rows: Sequence):
-    cands = [r for r in rows if _status(r) in CANDIDATES and r.val_bpb is not None and math.isfinite(r.val_bpb)]
+    cands = [r for r in rows if status_of(r) in CANDIDATES and r.val_bpb is not None and math.isfinite(r.val_bpb)]
     return min(cands, key=lambda r: r.val_bpb) if cands else None
 
 
-def reproduce_command(row) -> str:
-    """The command that re-runs this row's experiment by hand: its commit, its budget, its seed."""
+def run_spec(repo: str | Path, row) -> dict:
+    """What the runner passed to this row's run, from runs/<tag>/<NNNN>-<sha7>/spec.json ({} when absent)."""
+    if row.exp_id is None or not row.tag:
+        return {}
+    try:
+        import json
+        return json.loads((Path(repo) / "runs" / row.tag / f"{int(row.exp_id):04d}-{row.commit[:7]}" /
+                           "spec.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def reproduce_command(row, spec: dict | None = None) -> str:
+    """The command that re-runs this row's experiment by hand: its commit, profile, budget, seed, eval tokens."""
+    spec = spec or {}
     env = []
+    if spec.get("profile"):
+        env.append(f"AR_PROFILE={spec['profile']}")
     if row.time_budget is not None:
-        env.append(f"AR_TIME_BUDGET={_show(float(row.time_budget))}")
+        env.append(f"AR_TIME_BUDGET={show_number(float(row.time_budget))}")
     if row.seed is not None:
         env.append(f"AR_SEED={row.seed}")
+    if spec.get("eval_tokens"):
+        env.append(f"AR_EVAL_TOKENS={int(spec['eval_tokens'])}")
     return " ".join([f"git checkout {shlex.quote(row.commit)} &&", *env, "python train.py"])
 
 
@@ -127,26 +137,28 @@ def per_knob(rows: Sequence) -> dict[str, list[dict]]:
 
 def validation(rows: Sequence) -> list[dict]:
     """Commits with `validation` re-runs: mean ± spread over all their seeds, ranked, ties called ties."""
-    commits = list(dict.fromkeys(r.commit for r in rows if _status(r) == "validation"))
+    commits = list(dict.fromkeys(r.commit for r in rows if status_of(r) == "validation"))
     stats = seed_stats(rows, commits)
     return [{"commit": s.commit, "mean": s.mean, "spread": s.spread, "n": len(s.values), "verdict": v}
             for s, v in verdicts(stats)]
 
 
-def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10) -> dict:
-    """Everything `ar report` shows, as one JSON-ready dict."""
+def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callable[[Any], dict] | None = None) -> dict:
+    """Everything `ar report` shows, as one JSON-ready dict. `specs(row)` gives the run's spec.json, for the
+    best row's exact command (see `run_spec`)."""
     experiments = [experiment(r, i) for i, r in enumerate(rows, 1)]
     best = best_row(rows)
-    ranked = sorted((i for i, r in enumerate(rows) if _status(r) in CANDIDATES and r.val_bpb is not None),
+    ranked = sorted((i for i, r in enumerate(rows) if status_of(r) in CANDIDATES and r.val_bpb is not None),
                     key=lambda i: rows[i].val_bpb)[:max(0, top)]
     counts: dict[str, int] = {}
     for r in rows:
-        counts[_status(r)] = counts.get(_status(r), 0) + 1
+        counts[status_of(r)] = counts.get(status_of(r), 0) + 1
     best_d = None
     if best is not None:
         best_d = {"commit": best.commit, "val_bpb": best.val_bpb, "mfu": _clean(best.mfu),
                   "knobs": dict(best.knobs or {}), "time_budget": _clean(best.time_budget), "seed": best.seed,
-                  "tag": best.tag, "description": best.description, "command": reproduce_command(best)}
+                  "tag": best.tag, "description": best.description,
+                  "command": reproduce_command(best, specs(best) if specs else None)}
     return {"tags": list(tags), "counts": counts, "best": best_d, "top": [experiments[i] for i in ranked],
             "per_knob": per_knob(rows), "validation": validation(rows), "experiments": experiments}
 
@@ -163,7 +175,11 @@ def sections(report: dict) -> list[Section]:
                        ("#", "commit", "val_bpb", "MFU", "tokens", "steps", "budget", "status", "description"), top))
     best = report["best"]
     if best:
-        rows = [(k, _value(v)) for k, v in best["knobs"].items()]
+        shown = [k for k in best["knobs"] if k in report["per_knob"]] or list(best["knobs"])
+        rows = [(k, _value(best["knobs"][k])) for k in shown]
+        if len(shown) < len(best["knobs"]):
+            rows.append(("other knobs", f"{len(best['knobs']) - len(shown)} more, as committed in {best['commit'][:7]} "
+                                        "(--json lists them)"))
         rows += [(k, v) for k, v in (("TIME_BUDGET", _f(best["time_budget"], 0, "s")), ("seed", _f(best["seed"], 0)))
                  if v != "-"]
         rows.append(("reproduce", best["command"]))
@@ -190,9 +206,9 @@ def plot(rows: Sequence, path: str | Path, title: str = "") -> Path:
 
     xs_d, ys_d, xs_k, ys_k, labels = [], [], [], [], []
     for i, r in enumerate(rows, 1):
-        if r.val_bpb is None or not math.isfinite(r.val_bpb) or _status(r) in ("crash", "pruned", "rejected"):
+        if r.val_bpb is None or not math.isfinite(r.val_bpb) or status_of(r) in ("crash", "pruned", "rejected"):
             continue
-        if _status(r) == "keep":
+        if status_of(r) == "keep":
             xs_k.append(i), ys_k.append(r.val_bpb), labels.append(r.description)
         else:
             xs_d.append(i), ys_d.append(r.val_bpb)
@@ -226,7 +242,7 @@ def plot(rows: Sequence, path: str | Path, title: str = "") -> Path:
 # ---------------------------------------------------------------- helpers
 
 def _best_finished(rows: Sequence):
-    done = [r for r in rows if r.val_bpb is not None and _status(r) in FINISHED_STATUSES]
+    done = [r for r in rows if r.val_bpb is not None and status_of(r) in FINISHED_STATUSES]
     return min(done, key=lambda r: r.val_bpb) if done else None
 
 
@@ -249,7 +265,7 @@ def _f(v, digits: int, unit: str = "") -> str:
 
 
 def _value(v) -> str:
-    return _knob_str(v)
+    return show_value(v)
 
 
 def _tokens(e: dict) -> str:

@@ -10,7 +10,7 @@ A sweep file (YAML) has these keys; anything else is an error:
     base: master                   # commit or branch whose train.py each point edits (default HEAD)
     seeds: [42]                    # each point once per seed (default: the runner's seed)
     order: cheap-first             # or listed (file order, itertools.product order)
-    profile: gpu                   # sequence length for the batch check (default: the run config's)
+    profile: gpu                   # the profile the points run with (default: the run config's)
     overhead_s: 30                 # per-run overhead for the plan (default: measured, else profile's)
     early_stop: {margin: 0.02, min_pct: 20, patience: 3, keep_fraction: 0.5}
     validate_seeds: [1, 2]         # seeds for --validate-top re-runs
@@ -26,13 +26,13 @@ import itertools
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, GitError
 from .knobs import safe_eval
 
 RUNNER_KNOBS = ("TIME_BUDGET",)
@@ -65,12 +65,13 @@ class Point:
     knobs: dict[str, Any]       # every train.py knob this point sets (axes + fixed)
     time_budget: float | None   # AR_TIME_BUDGET; None: the run config's
     seed: int | None
+    axes: tuple[str, ...] = ()  # the knobs that vary across the sweep (what a label shows)
 
     @property
     def label(self) -> str:
-        parts = [f"{k}={_knob_str(v)}" for k, v in self.knobs.items()]
+        parts = [f"{k}={show_value(v)}" for k, v in self.knobs.items() if not self.axes or k in self.axes]
         if self.time_budget is not None:
-            parts.append(f"budget={_show(self.time_budget)}s")
+            parts.append(f"budget={show_number(self.time_budget)}s")
         if self.seed is not None:
             parts.append(f"seed={self.seed}")
         return " ".join(parts)
@@ -199,9 +200,10 @@ def parse_sweep(data: Any, *, knobs: dict[str, Any], seq_len: int | None, profil
         raise ConfigError(f"order {order!r} is not one of: {', '.join(ORDERS)}")
     es_raw = data.get("early_stop") or {}
     try:
-        early_stop = EarlyStop(**{k: float(v) if k != "patience" else int(v) for k, v in es_raw.items()})
+        early_stop = EarlyStop(**{k: float(v) if k != "patience" else int(v) for k, v in dict(es_raw).items()})
     except (TypeError, ValueError):
-        raise ConfigError(f"early_stop takes margin, min_pct, patience, keep_fraction (numbers); got {es_raw!r}") from None
+        raise ConfigError(f"early_stop takes margin, min_pct, patience, keep_fraction (numbers); "
+                          f"got {es_raw!r}") from None
     if not (0 < early_stop.keep_fraction <= 1) or early_stop.margin < 0 or early_stop.patience < 1:
         raise ConfigError("early_stop needs 0 < keep_fraction <= 1, margin >= 0 and patience >= 1")
     vseeds = data.get("validate_seeds", [1, 2])
@@ -281,7 +283,7 @@ def expand(sweep: Sweep) -> list[Point]:
         budget = values.pop("TIME_BUDGET", sweep.fixed.get("TIME_BUDGET"))
         knobs = {**{k: v for k, v in sweep.fixed.items() if k not in RUNNER_KNOBS}, **values}
         for seed in sweep.seeds:
-            points.append(Point(len(points), knobs, budget, seed))
+            points.append(Point(len(points), knobs, budget, seed, tuple(names)))
     return points
 
 
@@ -315,7 +317,7 @@ def rows_by_point(points: Sequence[Point], rows: Sequence, base: str) -> dict[in
     by_key: dict[tuple, Any] = {}
     names = list(points[0].knobs) if points else []
     for row in rows:
-        if _status(row) == "validation":
+        if status_of(row) == "validation":
             continue
         k = row_key(row, names, base)
         if k is not None:
@@ -336,7 +338,7 @@ def point_states(points: Sequence[Point], rows: Sequence, base: str, *, retry_cr
     found = rows_by_point(points, rows, base)
     states = {}
     for p in points:
-        status = _status(found[p.index]) if p.index in found else None
+        status = status_of(found[p.index]) if p.index in found else None
         if status in DONE_STATUSES:
             states[p.index] = "done"
         elif status in FAILED_STATUSES:
@@ -347,9 +349,20 @@ def point_states(points: Sequence[Point], rows: Sequence, base: str, *, retry_cr
 
 
 def estimate_overhead(rows: Sequence, default: float) -> tuple[float, str]:
-    """Per-run seconds beyond the training budget: median measured (total - training), else a default."""
-    gaps = [r.total_seconds - r.training_seconds for r in rows
-            if r.total_seconds is not None and r.training_seconds is not None]
+    """Per-run seconds beyond the training budget (start-up, compile, evaluation, the runner's own work):
+    the median over past runs of wall time (started_at -> finished_at) minus training seconds, else a default."""
+    from datetime import datetime
+
+    gaps = []
+    for r in rows:
+        if r.training_seconds is None:
+            continue
+        try:
+            wall = (datetime.fromisoformat(r.finished_at) - datetime.fromisoformat(r.started_at)).total_seconds()
+        except (TypeError, ValueError):
+            wall = r.total_seconds
+        if wall is not None and wall >= r.training_seconds:
+            gaps.append(wall - r.training_seconds)
     if gaps:
         return float(statistics.median(gaps)), f"median of {len(gaps)} past run(s)"
     return default, "default estimate"
@@ -421,7 +434,7 @@ def halving_verdict(config: tuple, budget: float | None, finished: Sequence[tupl
     rank = ranked.index(config) + 1
     if rank <= keep:
         return None
-    return f"halving: ranked {rank} of {len(ranked)} at budget {_show(at)}s (top {keep} go on)"
+    return f"halving: ranked {rank} of {len(ranked)} at budget {show_number(at)}s (top {keep} go on)"
 
 
 # ---------------------------------------------------------------- validation re-runs (pure)
@@ -460,7 +473,7 @@ def seed_stats(rows: Sequence, commits: Sequence[str], labels: dict[str, str] | 
     out = []
     for c in commits:
         vals = tuple(r.val_bpb for r in rows if r.commit == c and r.val_bpb is not None
-                     and _status(r) in FINISHED_STATUSES | {"validation"})
+                     and status_of(r) in FINISHED_STATUSES | {"validation"})
         if vals:
             out.append(SeedStats(c, (labels or {}).get(c, c[:7]), vals))
     return out
@@ -468,7 +481,8 @@ def seed_stats(rows: Sequence, commits: Sequence[str], labels: dict[str, str] | 
 
 # ---------------------------------------------------------------- helpers
 
-def _status(row) -> str:
+def status_of(row) -> str:
+    """A row's status as its string value (ledger.Status or a plain string)."""
     s = row.status
     return getattr(s, "value", s)
 
@@ -488,11 +502,13 @@ def _duration(seconds: float) -> str:
     return f"{m // 60}h {m % 60:02d}m" if m >= 60 else (f"{m} min" if m else f"{seconds:.0f} s")
 
 
-def _knob_str(v) -> str:
-    return repr(v) if isinstance(v, float) else _show(v)
+def show_value(v) -> str:
+    """A knob value for people: floats as written (1.0), powers of two as 2**N."""
+    return repr(v) if isinstance(v, float) else show_number(v)
 
 
-def _show(v) -> str:
+def show_number(v) -> str:
+    """A number for people: whole floats without the point (300 for 300.0), powers of two as 2**N."""
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return str(int(v))
     if isinstance(v, int) and v >= 2**10 and v & (v - 1) == 0:
@@ -535,7 +551,7 @@ class Plan:
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(#, state, budget, point) per point, in dispatch order."""
-        return [(str(i), self.states[p.index], f"{_show(p.time_budget)}s", p.label)
+        return [(str(i), self.states[p.index], f"{show_number(p.time_budget)}s", p.label)
                 for i, p in enumerate(self.points, 1)]
 
     def summary(self) -> str:
@@ -566,12 +582,12 @@ def plan(path: str | Path, repo: str | Path, cfg, *, order: str | None = None, r
     profile = head.get("profile") if head.get("profile") in PROFILES else resolve_profile(cfg.profile).name
     try:
         knobs = {k.name: k.value for k in scan(git.file_at(base, "train.py"), "train.py").values()}
-    except Exception as e:  # GitError: no train.py at the base
+    except GitError as e:
         raise ConfigError(f"no train.py at base {base[:7]}: {e}") from None
     sweep = load_sweep(path, knobs=knobs, seq_len=PROFILES[profile].seq_len, profile=profile)
     default_budget = cfg.time_budget or PROFILES[profile].time_budget
-    points = [Point(p.index, p.knobs, p.time_budget if p.time_budget is not None else default_budget,
-                    p.seed if p.seed is not None else cfg.seed) for p in expand(sweep)]
+    points = [replace(p, time_budget=p.time_budget if p.time_budget is not None else default_budget,
+                      seed=p.seed if p.seed is not None else cfg.seed) for p in expand(sweep)]
     points = order_points(points, order or sweep.order)
     rows = read_results(tag_dir / "results.tsv")
     states = point_states(points, rows, base, retry_crashed=retry_crashed)
@@ -591,17 +607,20 @@ def _resolve_base(git, base: str | None, tag_dir: Path) -> str:
     """The file's base, else the base this sweep's branch started from (runs/<tag>/meta.json), else HEAD."""
     import json
 
-    from .errors import GitError
-
-    if base is not None:
-        try:
-            return git.resolve(base)
-        except GitError:
-            raise ConfigError(f"base {base!r} is not a commit or branch in {git.root}") from None
     try:
-        return json.loads((tag_dir / "meta.json").read_text())["base"]
+        started = json.loads((tag_dir / "meta.json").read_text())["base"]
     except (OSError, ValueError, KeyError, TypeError):
-        return git.head_sha()
+        started = None
+    if base is None:
+        return started or git.head_sha()
+    try:
+        sha = git.resolve(base)
+    except GitError:
+        raise ConfigError(f"base {base!r} is not a commit or branch in {git.root}") from None
+    if started and started != sha:
+        raise ConfigError(f"sweep {tag_dir.name} started from {started[:7]} but base {base!r} is now {sha[:7]}; "
+                          f"give the sweep a new name to run it on the new base")
+    return sha
 
 
 @dataclass
@@ -642,7 +661,7 @@ class EarlyStopper:
 
         out = []
         for r in read_results(self.tag_dir / "results.tsv"):
-            if _status(r) in FINISHED_STATUSES and _num(r.time_budget) == _num(budget) and r.exp_id is not None:
+            if status_of(r) in FINISHED_STATUSES and _num(r.time_budget) == _num(budget) and r.exp_id is not None:
                 curve = self.curve(self.tag_dir / f"{int(r.exp_id):04d}-{r.commit[:7]}" / "train.log")
                 if curve:
                     out.append(curve)
@@ -685,12 +704,12 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     Rounds: every point at once, or with early stopping one round per budget so that successive halving
     can leave the losers of a smaller budget out of the next. Specs queued by an earlier, interrupted call
     run first and nothing is queued twice. Then --validate-top re-runs the best K points with other seeds."""
-    from .config import replace
+    from . import config
     from .gitops import GitRepo, branch_name
     from .loop import Event, Loop, ensure_data
 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
-    cfg = replace(cfg, profile=p.profile)
+    cfg = config.replace(cfg, profile=p.profile)
     git = GitRepo(p.repo)
     if not git.branch_exists(p.tag):
         git.ensure_clean()
@@ -699,18 +718,19 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     result = SweepResult()
 
     def loop(budget: float | None = None) -> Loop:
-        c = cfg if budget is None else replace(cfg, time_budget=budget)
+        c = cfg if budget is None else config.replace(cfg, time_budget=budget)
         return Loop(c, p.repo, p.tag, None, on_event=on_event, monitor_factory=monitor, baseline=False,
                     command=command)
 
-    def drain() -> bool:
+    def drain(open_loop: Loop | None = None) -> bool:
         """Run the queue empty; False when the loop stopped for another reason (Ctrl-C, crashes). A re-run
         takes its budget from the run config, so consecutive re-runs of one budget share a Loop set to it."""
         while pending := _pending(p):
             budget = next((s.payload.get("time_budget") for s in pending if s.kind == "rerun"), None)
             n = next((i for i, s in enumerate(pending) if s.kind == "rerun" and
                       s.payload.get("time_budget") != budget), len(pending))
-            summary = loop(budget).run(max_experiments=n)
+            runner = open_loop if open_loop is not None and budget is None else loop(budget)
+            summary = runner.run(max_experiments=n if n < len(pending) else None)
             result.ran += summary.experiments
             result.stop_reason = summary.stop_reason
             result.interrupted, result.failed = summary.interrupted, summary.failed
@@ -718,11 +738,10 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
                 return False
         return True
 
-    with loop() as first:
-        ensure_data(first.cfg, first.profile, say)
-    ok = drain()
-    for group in rounds(p.points, early_stop) if ok else []:
-        with loop() as lp:
+    ok = drain()  # what an earlier, interrupted call left queued
+    with loop() as lp:
+        ensure_data(lp.cfg, lp.profile, say)
+        for group in rounds(p.points, early_stop) if ok else []:
             rows = lp.ledger.rows()
             states = point_states(p.points, rows, p.base, retry_crashed=p.retry_crashed)
             found = rows_by_point(p.points, rows, p.base)
@@ -740,11 +759,11 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
                     continue
                 lp.enqueue_knobs(q.knobs, time_budget=q.time_budget, seed=q.seed,
                                  description=describe(p.sweep, q, p.base))
-        if not (ok := drain()):
-            break
-    if ok and validate_top > 0:
-        with loop() as lp:
+            if not (ok := drain(lp)):
+                break
+        if ok and validate_top > 0:
             _enqueue_validation(p, lp, validate_top)
+    if ok and validate_top > 0:
         drain()
     from .ledger import read_results
     rows = read_results(p.tag_dir / "results.tsv")
@@ -765,7 +784,7 @@ def _enqueue_validation(p: Plan, lp, k: int) -> None:
     """A `rerun` spec per validation seed not yet recorded for each of the best k points, grouped by budget.
     The payload carries the point's budget (the Loop that runs it is set to the same budget)."""
     rows = lp.ledger.rows()
-    have = {(r.commit, r.seed) for r in rows if _status(r) in FINISHED_STATUSES | {"validation"}}
+    have = {(r.commit, r.seed) for r in rows if status_of(r) in FINISHED_STATUSES | {"validation"}}
     top = {r.commit: r for r in rows_by_point(p.points, rows, p.base).values() if r.commit in _top_commits(p, rows, k)}
     for commit, r in sorted(top.items(), key=lambda cr: cr[1].time_budget or 0.0):
         for seed in p.sweep.validate_seeds:
@@ -787,7 +806,7 @@ def rounds(points: Sequence[Point], early_stop: bool) -> list[list[Point]]:
 
 
 def _val(row) -> float | None:
-    return row.val_bpb if _status(row) in FINISHED_STATUSES and row.val_bpb is not None else None
+    return row.val_bpb if status_of(row) in FINISHED_STATUSES and row.val_bpb is not None else None
 
 
 def _top_commits(p: Plan, rows: Sequence, k: int) -> list[str]:

@@ -210,7 +210,10 @@ def test_cli_doctor_on_this_machine(tmp_path):
         assert "! cuda       no GPU" in result.output
     result = runner.invoke(app, ["doctor", "--repo", str(tmp_path), "--probe"])
     if not dr.torch_facts().cuda_available:
-        assert result.exit_code == 0 and "needs a CUDA GPU" in result.output
+        assert result.exit_code == 0 and "the probe needs a CUDA GPU" in result.output
+    result = runner.invoke(app, ["doctor", "--repo", str(tmp_path), "--probe", "--json"])
+    if not dr.torch_facts().cuda_available:
+        assert json.loads(result.stdout)["probe"] == {"skipped": dr.NO_GPU}
 
 
 def test_cli_doctor_fails_on_a_dirty_repo_and_prints_json(tmp_path):
@@ -259,7 +262,21 @@ def test_incorrect_is_never_chosen_even_when_fastest():
     choice, rows = dr.choose([ref, wrong, result("cudnn", tps=900)], ref)
     assert choice.attention == "cudnn"
     row = rows[1]
-    assert row["status"] == "incorrect" and "4.3% at step 5" in row["note"] and row["max_loss_diff"] > 0.02
+    assert row["status"] == "incorrect" and "3.8% at step 2" in row["note"] and row["max_loss_diff"] > 0.02
+
+
+def test_later_steps_may_drift_more_than_the_first():
+    """Measured on an H200 (batch 64, 10 steps): the compiled model drifts from eager, more with each step."""
+    eager = [9.0112, 9.4650, 9.0335, 8.8003, 8.4674, 8.0314, 7.5765, 7.0271, 6.4272, 5.8139]
+    compiled = [9.0112, 9.4661, 9.0482, 8.8623, 8.5086, 8.0965, 7.6316, 7.0936, 6.4949, 5.8944]
+    ok, diff, _ = dr.compare(compiled, eager)
+    assert ok and 0.013 < diff < 0.014
+    never_learns = eager[:3] + [8.9] * 7
+    ok, _, why = dr.compare(never_learns, eager)
+    assert not ok and "at step 5" in why
+    early_jump = [9.0112, 9.1, 8.6] + eager[3:]
+    assert not dr.compare(early_jump, eager)[0]
+    assert dr.compare(early_jump, eager, rtol=0.05)[0]
 
 
 def test_small_numerical_noise_is_correct():
@@ -412,8 +429,10 @@ def test_probe_end_to_end_with_a_fake_train_py(tmp_path):
     """probe(): staged search over subprocesses, the choice written, and resolve() reading it back."""
     (tmp_path / "train.py").write_text(FAKE_TRAIN)
     facts = replace(GPU_FACTS, gpu=replace(H200, vram_mb=8 * 1024))  # default batch 8: small fake numbers
-    report = dr.probe(tmp_path, budget_s=60, cache=tmp_path / "cache", facts=facts,
+    seen = []
+    report = dr.probe(tmp_path, budget_s=60, cache=tmp_path / "cache", facts=facts, progress=seen.append,
                       per_run_cap=1.5, min_start=0.5)  # the hanging math candidate costs 1.5 s
+    assert [r.candidate.label for r in seen] == [row["label"] for row in report.rows]
     assert report.choice == dr.Candidate("cudnn", True, True, 16)
     chosen = backend.resolve("auto", "auto", "auto", device_name="NVIDIA H200", cache=tmp_path / "cache",
                              capability=(9, 0), vram_mb=8 * 1024, version=facts.version)

@@ -91,7 +91,7 @@ def test_expansion_is_product_order_then_seeds():
         (2**17, 600, 1), (2**17, 600, 2), (2**17, 300, 1), (2**17, 300, 2),
         (2**18, 600, 1), (2**18, 600, 2), (2**18, 300, 1), (2**18, 300, 2)]
     assert all(p.knobs["DEPTH"] == 4 and "TIME_BUDGET" not in p.knobs for p in pts)
-    assert pts[0].label == "DEPTH=4 TOTAL_BATCH_SIZE=2**17 budget=600s seed=1"
+    assert pts[0].label == "TOTAL_BATCH_SIZE=2**17 budget=600s seed=1"
 
 
 def test_order_listed_and_cheap_first_is_stable():
@@ -138,7 +138,9 @@ def test_point_key_matches_int_and_float_and_explicit_seed():
 def test_overhead_estimate():
     r = _row({}, 300, "keep")
     r.training_seconds, r.total_seconds = 300.0, 330.0
-    assert sw.estimate_overhead([r, r], 30.0) == (30.0, "median of 2 past run(s)")
+    assert sw.estimate_overhead([r, r], 30.0) == (30.0, "median of 2 past run(s)")   # from total_seconds
+    r.started_at, r.finished_at = "2025-01-01T10:00:00+00:00", "2025-01-01T10:05:40+00:00"
+    assert sw.estimate_overhead([r], 30.0) == (40.0, "median of 1 past run(s)")      # from the wall clock
     assert sw.estimate_overhead([], 12.0) == (12.0, "default estimate")
 
 
@@ -317,8 +319,116 @@ def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypat
     assert data["tags"] == ["sweep-e2e"] and len(data["experiments"]) == 4
     best = data["best"]
     assert best["commit"] == rows[0].commit and best["knobs"]["LR_MULT"] == 1.0 and best["time_budget"] == 1.0
-    assert best["command"] == f"git checkout {rows[0].commit} && AR_TIME_BUDGET=1 AR_SEED=42 python train.py"
+    assert best["command"] == (f"git checkout {rows[0].commit} && AR_PROFILE=cpu AR_TIME_BUDGET=1 AR_SEED=42 "
+                               "AR_EVAL_TOKENS=32768 python train.py")
     assert [e["value"] for e in data["per_knob"]["TOTAL_BATCH_SIZE"]] == [2**17, 2**19]
     png = tmp_path / "sweep.png"
     code, out, err = ar(["report", "--repo", repo, "--plot", png], monkeypatch, capsys)
     assert code == 0 and "per-knob: LR_MULT" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_early_stop_prunes_the_losers_and_keeps_the_winner(repo, tmp_path, monkeypatch, capsys):
+    # the stand-in's loss at progress p is val_bpb + 2(1-p)^2, val_bpb a bowl with its minimum at
+    # LR_MULT 1.0 and TOTAL_BATCH_SIZE 2**17: listed first, the winner sets the reference curve
+    f = write_sweep(tmp_path / "sweep-es.yaml", axes={"LR_MULT": [1.0, 2.0, 0.5], "TIME_BUDGET": [1.5]},
+                    fixed={"TOTAL_BATCH_SIZE": "2**17"},
+                    early_stop={"margin": 0.01, "min_pct": 20, "patience": 3, "keep_fraction": 1.0})
+    code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml", "--early-stop"],
+                        monkeypatch, capsys)
+    assert code == 0, out + err
+    rows = sweep_rows(repo, "sweep-es")
+    assert [(r.knobs["LR_MULT"], r.status.value) for r in rows] == [(1.0, "keep"), (2.0, "pruned"), (0.5, "pruned")]
+    for r in rows[1:]:
+        assert r.val_bpb is None and r.reason.startswith("early stop at ") and "% margin" in r.reason
+        pct = float(r.reason.split("early stop at ")[1].split("%")[0])
+        assert 20 <= pct < 80                       # stopped early, and the reason says where
+        assert r.num_steps is None or r.num_steps < rows[0].num_steps
+    assert rows[0].val_bpb == pytest.approx(1.0)
+
+
+def test_halving_leaves_out_the_losers_of_the_smaller_budget(repo, tmp_path, monkeypatch, capsys):
+    f = write_sweep(tmp_path / "sweep-sh.yaml", axes={"LR_MULT": [2.0, 1.0], "TIME_BUDGET": [1.2, 0.6]},
+                    fixed={"TOTAL_BATCH_SIZE": "2**17"}, order="cheap-first",
+                    early_stop={"margin": 0.5, "keep_fraction": 0.5})   # a huge margin: nothing pruned mid-run
+    code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml", "--early-stop"],
+                        monkeypatch, capsys)
+    assert code == 0, out + err
+    rows = sweep_rows(repo, "sweep-sh")
+    assert [(r.knobs["LR_MULT"], r.time_budget, r.status.value) for r in rows] == [
+        (2.0, 0.6, "keep"), (1.0, 0.6, "keep"), (1.0, 1.2, "discard")]
+    assert "left out LR_MULT=2.0 budget=1.2s seed=42: halving: ranked 2 of 2 at budget 0.6s" in out
+
+
+def test_validate_top_reruns_with_other_seeds_and_calls_ties(repo, tmp_path, monkeypatch, capsys):
+    text = (repo / "train.py").read_text().replace("SEED_NOISE = 0.0 ", "SEED_NOISE = 0.01")
+    (repo / "train.py").write_text(text)
+    git.Repo(repo).index.add(["train.py"])
+    git.Repo(repo).index.commit("seed noise")
+    f = write_sweep(tmp_path / "sweep-val.yaml", axes={"LR_MULT": [1.0, 1.1, 3.0]},
+                    fixed={"TIME_BUDGET": 0.5, "TOTAL_BATCH_SIZE": "2**17"}, validate_seeds=[1, 2])
+    args = ["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml", "--validate-top", "2"]
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0, out + err
+    rows = sweep_rows(repo, "sweep-val")
+    val = [r for r in rows if r.status is Status.VALIDATION]
+    assert len(rows) == 7 and len(val) == 4
+    assert {(r.seed, r.time_budget) for r in val} == {(1, 0.5), (2, 0.5)}
+    top2 = {r.commit for r in sorted(rows[:3], key=lambda r: r.val_bpb)[:2]}
+    assert {r.commit for r in val} == top2
+    lines = [ln for ln in out.splitlines() if "over 3 seed(s)" in ln]
+    assert len(lines) == 2 and lines[0].endswith("— best") and lines[1].endswith(("— tie", "— worse"))
+    # again: the re-runs are recorded, none is queued twice
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0 and len(sweep_rows(repo, "sweep-val")) == 7
+
+
+def test_resume_after_kill_9_skips_what_finished_and_runs_nothing_twice(repo, tmp_path, monkeypatch, capsys):
+    f = write_sweep(tmp_path / "sweep-kill.yaml", axes={"LR_MULT": [1.0, 2.0, 0.5, 1.5]},
+                    fixed={"TIME_BUDGET": 1.5, "TOTAL_BATCH_SIZE": "2**17"})
+    args = ["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"]
+    results = repo / "runs" / "sweep-kill" / "results.tsv"
+    proc = subprocess.Popen([sys.executable, "-m", "autoresearch", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200"})
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(read_results(results)) < 1:
+            time.sleep(0.1)
+        assert len(read_results(results)) >= 1, "the first point never finished"
+        time.sleep(0.7)                                     # the second point is training now
+        proc.kill()                                         # kill -9 of `ar sweep`
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = read_results(results)
+    assert 1 <= len(before) < 4
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0, out + err
+    assert f"{4 - len(before)} of 4 points to run, {len(before)} already done" in out
+    rows = read_results(results)
+    assert rows[:len(before)] == before                     # nothing recorded was lost or rewritten
+    assert sorted(r.knobs["LR_MULT"] for r in rows) == [0.5, 1.0, 1.5, 2.0]   # each point once
+    assert all(r.status in (Status.KEEP, Status.DISCARD) for r in rows)
+    from autoresearch.queue import ExperimentQueue
+    q = ExperimentQueue(repo / "runs" / "sweep-kill" / "queue.jsonl")
+    assert len(q) == 4 and not q.pending()                  # no spec queued twice
+    assert [q.starts(s.id) for s in q.all()].count(2) == 1  # the one cut short ran again, only it
+
+
+def test_a_moved_base_is_refused_and_a_missing_base_comes_from_the_branch(repo, tmp_path, monkeypatch, capsys):
+    from autoresearch.config import load_config
+    g = git.Repo(repo)
+    main = g.active_branch.name
+    f = write_sweep(tmp_path / "sweep-b.yaml", axes={"LR_MULT": [1.0]}, fixed={"TIME_BUDGET": 0.3}, base=main)
+    cfg = load_config(tmp_path / "run.yaml")
+    p = sw.plan(f, repo, cfg)
+    sw.run_sweep(p, cfg)
+    assert sw.plan(f, repo, cfg).states == {0: "done"}
+    g.git.checkout(main)
+    (repo / "README").write_text("moved on\n")
+    g.index.add(["README"])
+    g.index.commit("new base")
+    with pytest.raises(ConfigError, match="started from .* but base '.*' is now"):
+        sw.plan(f, repo, cfg)
+    nobase = write_sweep(tmp_path / "sweep-b.yaml", axes={"LR_MULT": [1.0]}, fixed={"TIME_BUDGET": 0.3})
+    assert sw.plan(nobase, repo, cfg).base == p.base      # the branch's start, not today's HEAD

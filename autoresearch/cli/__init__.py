@@ -23,23 +23,10 @@ from . import prepare, run, sweep, report, doctor  # noqa: E402,F401
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        app()  # standalone mode: usage errors print as click's short usage block and exit 2
     except ArError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except (ValueError, FileNotFoundError) as e:  # harness-level user errors (bad env var, missing file)
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        sys.exit(1)
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise

@@ -21,7 +21,6 @@ from ..config import load_config
 from ..workspace import init_workspace
 
 SYMBOL = {dr.OK: "[green]✓[/]", dr.WARN: "[yellow]![/]", dr.FAIL: "[red]✗[/]"}
-NO_GPU = "probe: needs a CUDA GPU; nothing to measure here (CPU runs use fixed settings)"
 
 
 @app.command()
@@ -36,15 +35,15 @@ def doctor(
     """Check what a run needs, each line with its fix; --probe finds the fastest correct GPU path."""
     cfg = load_config(config)
     checks = dr.run_checks(repo, dataset=cfg.dataset, agent=getattr(cfg, "agent", None), profile=cfg.profile)
-    report = dr.probe(repo, budget_s=probe_budget) if probe else None
-    if as_json:
-        console.out(json.dumps({**dr.as_json(checks, report), **({"probe": None} if probe and not report else {})}))
-    else:
+    if not as_json:
         _print_checks(checks)
-        if report is not None:
-            _print_probe(report)
-        elif probe:
-            console.print(NO_GPU, highlight=False)
+    report = dr.probe(repo, budget_s=probe_budget, progress=None if as_json else _print_result) if probe else None
+    if as_json:
+        console.out(json.dumps(dr.as_json(checks, probe, report)))
+    elif report is not None:
+        _print_probe(report)
+    elif probe:
+        console.print(dr.NO_GPU, highlight=False)
     dr.raise_if_blocking(checks, report)
 
 
@@ -66,13 +65,23 @@ def _print_checks(checks: list[dr.Check]) -> None:
         console.print(f"{SYMBOL[c.state]} {c.name:<10} {escape(c.detail)}{fix}", highlight=False, soft_wrap=True)
 
 
+def _short(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _print_result(r: dr.ProbeResult) -> None:
+    outcome = (f"{r.tokens_per_s:,.0f} tokens/s" if r.ok and r.tokens_per_s else
+               r.skipped or _short(r.error or "failed", 60))
+    console.print(f"  probe: {r.candidate.label}: {outcome}", highlight=False, soft_wrap=True)
+
+
 def _print_probe(report: dr.ProbeReport) -> None:
     table = Table("candidate", "tokens/s", "MFU", "VRAM MB", "Δloss", "status", "why",
                   title=f"probe ({report.seconds:.0f} s)", title_justify="left")
     num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in report.rows:
         table.add_row(r["label"], num(r["tokens_per_s"], ",.0f"), num(r["mfu"], ".1f"), num(r["peak_vram_mb"], ",.0f"),
-                      num(r["max_loss_diff"], ".2%"), r["status"], escape(r["note"]))
+                      num(r["max_loss_diff"], ".2%"), r["status"], escape(_short(r["note"])))
     console.print(table)
     for note in report.notes:
         console.print(f"note: {note}", highlight=False)

@@ -27,7 +27,7 @@ def report(
     if message:
         console.print(message, highlight=False, soft_wrap=True)
         return
-    data = rep.build(rows, tags, top)
+    data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row))
     if plot is not None:
         data["plot"] = str(rep.plot(rows, plot, title=f"{', '.join(tags)}: {len(rows)} experiments"))
     if as_json:

@@ -91,7 +91,8 @@ def run(
     with view.live:
         summary = loop.run(max_experiments, max_hours)
     view.finish(summary)
-    raise typer.Exit(130 if summary.interrupted else 2 if summary.failed else 0)
+    if summary.interrupted or summary.failed:  # SystemExit: main() runs the app with standalone_mode=False
+        sys.exit(130 if summary.interrupted else 2)
 
 
 @app.command()

@@ -17,12 +17,12 @@ from .run import LiveView
 
 @app.command()
 def sweep(
-    file: Annotated[Path, typer.Argument(help="The sweep file (YAML), e.g. configs/sweep-cpu-small.yaml.")],
+    file: Annotated[Path, typer.Argument(metavar="CONFIG.yaml", help="The sweep file (configs/sweep-*.yaml).")],
     repo: Annotated[Path, typer.Option(help="The repository with train.py.")] = Path("."),
     config: Annotated[Optional[Path], typer.Option(help="Run config (YAML) for the runner settings.")] = None,
-    order: Annotated[Optional[str], typer.Option(help="listed (file order) or cheap-first (ascending budget).")] = None,
+    order: Annotated[Optional[str], typer.Option(help="listed (file order) or cheap-first (by budget).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the plan and its GPU time; run nothing.")] = False,
-    early_stop: Annotated[bool, typer.Option(help="Stop points clearly worse than the best at equal progress.")] = False,
+    early_stop: Annotated[bool, typer.Option(help="Prune points clearly worse at equal progress.")] = False,
     validate_top: Annotated[int, typer.Option(min=0, help="Re-run the best K points with other seeds.")] = 0,
     retry_crashed: Annotated[bool, typer.Option(help="Run crashed points again.")] = False,
 ) -> None:

@@ -22,8 +22,8 @@ Sources:
   `builtin-site`: the same plus every .py/.md/.txt/.rst file in site-packages (hundreds of millions of tokens
   where torch is installed). Long files are cut at blank lines into documents of at most DOC_MAX_CHARS:
   best-fit packing crops a document that fits no row and drops its tail, so whole 100 KB files would be
-  trained (and evaluated) on their first page only; with whole files only 27% of the stdlib's tokens would
-  ever reach a 2048-token row, with 4000-character pieces 89%.
+  trained (and evaluated) on their first page only: with whole files about 27% of the stdlib's tokens would
+  ever reach a 2048-token row, with 4000-character pieces 85% (vocab 8192, bench/bench_loader.py).
 Validation for `files` and `builtin*` is pinned by a hash of each document's path (and row), VAL_FRACTION of
 them, at least one.
 """
@@ -62,7 +62,7 @@ BACKOFF_S = 1.0                              # first retry delay; doubles each a
 TIMEOUT_S = 60.0
 
 VAL_FRACTION = 0.05
-DOC_MAX_CHARS = 4000                         # stdlib tokens that reach 2048-rows: 89% (27% with whole files)
+DOC_MAX_CHARS = 4000                         # ~1k tokens: small enough for best-fit to fill 2048-rows
 TOKENIZER_SAMPLE_CHARS = 200_000_000         # BPE is trained on this much training text at most
 RAW_SHARD_CHARS = 256_000_000
 ENCODE_BATCH_CHARS = 16_000_000

@@ -1,0 +1,194 @@
+"""`ar run` and `ar status` from the command line, and the config they load."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from autoresearch.cli import app
+from autoresearch.config import DEFAULT_NOISE, RunConfig, load_config
+from autoresearch.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def make_repo(tmp_path: Path, train: Path = FIXTURES / "fake_train.py") -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "train.py").write_text(train.read_text())
+    (root / "program.md").write_text("# program\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
+    return root
+
+
+def config_file(tmp_path: Path, **kw) -> Path:
+    base = dict(profile="cpu", time_budget=1, startup_allowance=10, eval_allowance=5, prepare_data=False)
+    base.update(kw)
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump(base))
+    return f
+
+
+def ar(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+def test_flags_beat_the_file_which_beats_defaults(tmp_path):
+    f = config_file(tmp_path, time_budget=7, agent_timeout=60, hooks={"kept": "echo kept"})
+    cfg = load_config(f, {"time_budget": 3, "agent": None})
+    assert cfg.time_budget == 3.0 and cfg.agent_timeout == 60.0 and cfg.seed == 42
+    assert cfg.hooks == {"kept": ["echo kept"]}
+    assert load_config(None).train_command == [sys.executable, "train.py"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"bogus": 1}, "unknown key 'bogus'"),
+    ({"time_budget": "abc"}, "time_budget in"),
+    ({"time_budget": -1}, "must be positive"),
+    ({"proposer": "magic"}, "proposer in"),
+    ({"hooks": {"on_fire": "x"}}, "unknown hook event 'on_fire'"),
+    ({"allowed_paths": ["../x"]}, "inside the repo"),
+    ({"gpus": [0, 1]}, "not available yet"),
+    ({"proposer": "grid"}, "search_space"),
+    ({"proposer": "agent"}, "needs an agent"),
+])
+def test_bad_config_names_the_key_and_file(tmp_path, content, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(content))
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(f)
+    if "key" in message or "in" in message.split()[-1]:
+        assert "c.yaml" in str(e.value) or "proposer" in str(e.value)
+
+
+def test_noise_layers(tmp_path):
+    tag_dir = tmp_path / "t"
+    tag_dir.mkdir()
+    assert RunConfig().noise_threshold(tag_dir) == (DEFAULT_NOISE, "default")
+    (tag_dir / "noise.json").write_text('{"noise": 0.004}')
+    assert RunConfig().noise_threshold(tag_dir)[0] == 0.004
+    assert RunConfig(noise=0.01).noise_threshold(tag_dir) == (0.01, "config")
+
+
+def test_the_example_config_loads():
+    cfg = load_config(ROOT / "configs" / "run.yaml")
+    assert cfg.max_consecutive_crashes == 5
+
+
+# ----------------------------------------------------------------------------------------------- the CLI
+
+def test_help_lists_the_flags():
+    out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    for flag in ("--repo", "--tag", "--proposer", "--agent", "--max-experiments", "--max-hours", "--time-budget",
+                 "--config", "--calibrate-noise", "--max-consecutive-crashes"):
+        assert flag in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--proposer", "magic"], "proposer in the command line must be one of"),
+    (["--agent", "no-such-agent-xyz"], "not found on PATH"),
+    (["--tag", "Bad/Tag"], "tag 'Bad/Tag'"),
+    (["--config", "missing.yaml"], "config file missing.yaml does not exist"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, args, message):
+    root = make_repo(tmp_path)
+    r = ar("run", "--repo", str(root), *args, cwd=tmp_path)
+    assert r.returncode == 1 and message in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2
+
+
+def test_unknown_config_key_from_the_command_line(tmp_path):
+    root = make_repo(tmp_path)
+    f = tmp_path / "c.yaml"
+    f.write_text("time_budget: 1\nbudjet: 2\n")
+    r = ar("run", "--repo", str(root), "--config", str(f), cwd=tmp_path)
+    assert r.returncode == 1 and "unknown key 'budjet'" in r.stderr and str(f) in r.stderr
+
+
+def test_not_a_repo_or_no_train_py(tmp_path):
+    r = ar("run", "--repo", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 1 and "no train.py in" in r.stderr
+    (tmp_path / "train.py").write_text("DEPTH = 1\n")
+    r = ar("run", "--repo", str(tmp_path), "--proposer", "strategy", cwd=tmp_path)
+    assert r.returncode == 1 and "not a git repository" in r.stderr
+
+
+def test_run_then_status(tmp_path):
+    root = make_repo(tmp_path)
+    runner = CliRunner()
+    assert "no ar loop is running" in runner.invoke(app, ["status", "--repo", str(root)]).output
+    r = runner.invoke(app, ["run", "--repo", str(root), "--tag", "t", "--config", str(config_file(tmp_path)),
+                            "--max-experiments", "3"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "no agent configured" in out and "branch autoresearch/t created" in out
+    assert "0001 keep" in out and "0003 keep" in out and "stopped: reached --max-experiments 3" in out
+    assert "best: 1.000000 val_bpb" in out
+    st = runner.invoke(app, ["status", "--repo", str(root)]).output
+    assert "no ar loop is running" in st and "last tag: t" in st and "now: idle" in st
+    assert "best: 1.000000" in st and "3 keep" in st
+
+
+def test_failures_stop_with_exit_code_2(tmp_path):
+    root = make_repo(tmp_path)
+    (root / "train.py").write_text((root / "train.py").read_text().replace('FAIL_MODE = "none"', 'FAIL_MODE = "nan"'))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "nan"], cwd=root, check=True)
+    r = ar("run", "--repo", str(root), "--tag", "t", "--config", str(config_file(tmp_path)), cwd=tmp_path)
+    assert r.returncode == 2 and "the baseline did not run cleanly" in r.stdout
+
+
+def test_zero_config_first_run(tmp_path, monkeypatch):
+    """No config, no GPU, no prepared data, no agent: the builtin corpus is prepared, the CPU profile and the
+    strategy proposer are chosen, each said in one line, and the best result ends the output."""
+    import autoresearch.harness.data as data
+    from autoresearch.errors import DataError
+    calls = []
+
+    def check_prepared(cache, name, vocab_size):
+        if not calls:
+            raise DataError("not prepared")
+        return Path(cache)
+
+    monkeypatch.setattr(data, "check_prepared", check_prepared)
+    monkeypatch.setattr(data, "prepare", lambda source, **kw: calls.append((source, kw["vocab_size"])))
+    monkeypatch.setattr("autoresearch.harness.env.cuda_available", lambda: False)
+    root = make_repo(tmp_path)
+    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--max-experiments", "3", "--time-budget", "1"])
+    assert r.exit_code == 0, r.output
+    assert calls == [("builtin", 2048)]
+    lines = r.output.splitlines()
+    assert any(ln.startswith("no agent configured: proposing with the built-in strategy proposer") for ln in lines)
+    assert any(ln.startswith("no CUDA GPU: cpu profile") for ln in lines)
+    assert any(ln.startswith("no prepared data: preparing the builtin corpus") for ln in lines)
+    assert lines[-2].startswith("best: 1.000000 val_bpb")
+
+
+@pytest.mark.slow
+def test_zero_config_with_the_real_train_py(tmp_path):
+    """The README's main job for real, on CPU: prepares the builtin corpus into an empty cache and trains."""
+    root = make_repo(tmp_path, ROOT / "train.py")
+    env = {**os.environ, "AR_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--repo", str(root), "--max-experiments", "2",
+                        "--time-budget", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "preparing the builtin corpus" in r.stdout and "cpu profile" in r.stdout
+    assert "best: " in r.stdout and "val_bpb" in r.stdout

@@ -1,0 +1,430 @@
+"""The loop end to end: real git repos in temp dirs, real subprocesses, the scripted train stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autoresearch.config import RunConfig
+from autoresearch.errors import GitError
+from autoresearch.gitops import GitRepo
+from autoresearch.knobs import read_knobs, rewrite
+from autoresearch.ledger import Ledger, Row, Status, read_results
+from autoresearch.loop import Loop
+from autoresearch.proposers.agent import AgentProposer
+from autoresearch.proposers.search import StrategyProposer
+from autoresearch.queue import ExperimentQueue
+
+FIXTURES = Path(__file__).parent / "fixtures"
+AGENTS = FIXTURES / "agents"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_RESULT_FILE", "AR_EVAL_TOKENS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def make_repo(tmp_path: Path, **knobs) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir(parents=True)
+    text = (FIXTURES / "fake_train.py").read_text()
+    (root / "train.py").write_text(rewrite(text, knobs) if knobs else text)
+    (root / "program.md").write_text("# program\nLower val_bpb.\n")
+    (root / "prepare.py").write_text("EVAL_TOKENS = 2**15  # the harness stand-in\n")
+    (root / ".gitignore").write_text("runs/\n__pycache__/\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
+    return root
+
+
+def cfg(**kw) -> RunConfig:
+    base = dict(profile="cpu", time_budget=1.0, startup_allowance=10.0, eval_allowance=5.0, prepare_data=False,
+                max_consecutive_crashes=50)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def statuses(root: Path, tag: str = "t") -> list[str]:
+    return [r.status.value for r in read_results(root / "runs" / tag / "results.tsv")]
+
+
+def assert_consistent(root: Path, tag: str = "t") -> list[Row]:
+    """The invariants after any run or resume: one row per experiment, every spec done once, the branch is
+    the start plus exactly the kept commits, train.py is the best's, the tree is clean."""
+    g = GitRepo(root)
+    rows = read_results(root / "runs" / tag / "results.tsv")
+    ids = [r.exp_id for r in rows]
+    assert len(ids) == len(set(ids)), ids
+    q = ExperimentQueue(root / "runs" / tag / "queue.jsonl")
+    for r in rows:
+        assert q.is_done(r.exp_id)
+    assert all(q.is_done(s.id) or not q.is_started(s.id) for s in q.all())
+    base = json.loads((root / "runs" / tag / "meta.json").read_text())["base"]
+    kept = [r.commit for r in rows if r.status is Status.KEEP and r.commit != base[:7]]
+    assert [c[:7] for c in g.commits_since(base)] == kept
+    best = Ledger(root / "runs" / tag).best_kept()
+    if best is not None:
+        assert g.head_sha().startswith(best.commit)
+    assert g.current_branch() == f"autoresearch/{tag}"
+    assert g.dirty_paths() == []
+    assert set(g.exp_refs(tag)) <= set(ids)
+    return rows
+
+
+def agent_cmd(name: str, *extra: str) -> str:
+    return " ".join([sys.executable, str(AGENTS / name), *extra, "{prompt_file}"])
+
+
+# ------------------------------------------------------------------------------------------------ basics
+
+def test_strategy_loop_keeps_only_improvements(tmp_path):
+    root = make_repo(tmp_path)
+    events = []
+    s = Loop(cfg(), root, "t", StrategyProposer(), on_event=events.append).run(max_experiments=4)
+    assert statuses(root) == ["keep", "keep", "keep", "discard"]
+    assert s.experiments == 4 and s.kept == 3 and s.best.val_bpb == 1.0 and "max-experiments" in s.stop_reason
+    rows = assert_consistent(root)
+    g = GitRepo(root)
+    assert (root / "train.py").read_text() == g.file_at(rows[2].commit, "train.py")
+    assert read_knobs(root / "train.py")["TOTAL_BATCH_SIZE"] == 2**17
+    assert set(g.exp_refs("t")) == {2, 3, 4}
+    assert "+TOTAL_BATCH_SIZE = 2**16" in g.diff(rows[2].commit, g.exp_refs("t")[4])   # discarded, still reachable
+    d = root / "runs" / "t" / f"0004-{rows[3].commit}"
+    assert {"train.log", "metrics.json", "diff.patch", "spec.json", "record.json"} <= {f.name for f in d.iterdir()}
+    assert rows[1].parent == rows[0].commit and rows[1].knobs["TOTAL_BATCH_SIZE"] == 2**18
+    assert rows[0].time_budget == 1 and rows[0].seed == 42 and rows[0].num_steps > 5
+    kinds = [e.kind for e in events]
+    assert "step" in kinds and kinds.count("result") == 4
+    status = json.loads((root / "runs" / "t" / "status.json").read_text())
+    assert status["state"] == "stopped" and status["best"]["val_bpb"] == 1.0
+
+
+def test_dirty_tree_is_refused(tmp_path):
+    root = make_repo(tmp_path)
+    (root / "train.py").write_text((root / "train.py").read_text() + "\n# edit\n")
+    with pytest.raises(GitError, match="uncommitted changes"):
+        Loop(cfg(), root, "t", StrategyProposer()).run(max_experiments=1)
+
+
+class Cycle:
+    """Hands each proposal to the next scripted agent in a list."""
+
+    name = "agent"
+
+    def __init__(self, proposers):
+        self.proposers = list(proposers)
+
+    def propose(self, ctx):
+        return self.proposers.pop(0).propose(ctx)
+
+
+def test_scripted_agents(tmp_path):
+    root = make_repo(tmp_path)
+    start_prepare = (root / "prepare.py").read_text()
+    script = ["improve.py", "syntax.py", "protected.py", "fake_bpb.py", ("budget.py", "env"), ("budget.py", "sleep"),
+              "hang.py", "delete_runs.py", "flood.py", "git_tamper.py", "noop.py"]
+    proposers = [AgentProposer(agent_cmd(*(s if isinstance(s, tuple) else (s,))), timeout=1 if s == "hang.py" else 30)
+                 for s in script]
+    s = Loop(cfg(), root, "t", Cycle(proposers)).run(max_experiments=len(script) + 1)
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == [
+        "keep", "keep", "rejected", "rejected", "crash", "rejected", "crash", "rejected", "rejected", "keep",
+        "rejected", "rejected"]
+    reasons = [r.reason for r in rows]
+    assert "does not parse" in reasons[2]
+    assert "prepare.py" in reasons[3]
+    assert "evaluator" in reasons[4] and rows[4].val_bpb is None
+    assert "AR_TIME_BUDGET" in reasons[5]
+    assert "past the budget" in reasons[6]
+    assert "timed out" in reasons[7]
+    assert "runs/" in reasons[8]
+    assert ".git/hooks/post-commit" in reasons[10]
+    assert "changed nothing" in reasons[11]
+    assert rows[1].description == "halve TOTAL_BATCH_SIZE to 2**18"
+    assert rows[9].description == "halve the batch after a lot of talking"
+    assert s.best.val_bpb == 1.0 and read_knobs(root / "train.py")["TOTAL_BATCH_SIZE"] == 2**17
+    assert (root / "prepare.py").read_text() == start_prepare
+    assert not (root / ".git" / "hooks" / "post-commit").exists()
+    assert len(rows) == 12 and rows[0].description == "baseline"        # results.tsv and the queue restored
+    assert (root / "runs" / "t" / "0003-none" / "agent.log").exists()                 # a rejected proposal's log
+
+
+# ------------------------------------------------------------------------------------------- train runs
+
+def test_every_kind_of_bad_run(tmp_path):
+    root = make_repo(tmp_path)
+    c = cfg(startup_allowance=1.5, eval_allowance=1.0, max_log_mb=1, min_tokens_per_s=1000,
+            degraded_warmup_steps=2, degraded_patience=3)
+    modes = ["nan", "crash", "no_summary", "no_record", "bad_tokens", "write_tracked", "hang", "spawn", "flood"]
+
+    def monitor(spec):
+        if spec.payload.get("description") != "prune me":
+            return None
+        return lambda p: "worse than the best at 20%" if p.pct >= 20 else None
+
+    with Loop(c, root, "t", None, monitor_factory=monitor) as loop:
+        for m in modes:
+            loop.enqueue_knobs({"FAIL_MODE": m})
+        loop.enqueue_knobs({"TOKENS_PER_S": 10})
+        loop.enqueue_knobs({"LR_MULT": 1.5}, description="prune me")
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18}, time_budget=1.5, seed=7)
+        s = loop.run()
+    rows = assert_consistent(root)
+    got = {r.description: (r.status.value, r.reason) for r in rows}
+    expect = {"nan": "crash", "crash": "crash", "no_summary": "crash", "no_record": "crash", "bad_tokens": "crash",
+              "write_tracked": "crash", "hang": "timeout", "spawn": "discard", "flood": "discard"}
+    for mode, status in expect.items():
+        assert got[f"FAIL_MODE 'none' -> '{mode}'"][0] == status, (mode, got)
+    assert "loss is nan" in got["FAIL_MODE 'none' -> 'nan'"][1]
+    assert "no summary" in got["FAIL_MODE 'none' -> 'no_summary'"][1]
+    assert "no evaluator record" in got["FAIL_MODE 'none' -> 'no_record'"][1]
+    assert "eval_tokens" in got["FAIL_MODE 'none' -> 'bad_tokens'"][1]
+    assert "program.md" in got["FAIL_MODE 'none' -> 'write_tracked'"][1]
+    assert got["TOKENS_PER_S 100000 -> 10"][0] == "degraded"
+    assert got["prune me"] == ("pruned", "worse than the best at 20%")
+    last = rows[-1]
+    assert last.status is Status.KEEP and last.time_budget == 1.5 and last.seed == 7
+    assert s.stop_reason == "the queue is empty"
+    assert "changed at run time" not in (root / "program.md").read_text()
+    flood = next(r for r in rows if r.description.endswith("'flood'"))
+    assert (root / "runs" / "t" / f"{flood.exp_id:04d}-{flood.commit}" / "train.log").stat().st_size < 2**20 + 2**15
+    time.sleep(0.3)
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(10000)" in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_max_consecutive_crashes_and_a_broken_baseline(tmp_path):
+    root = make_repo(tmp_path)
+    with Loop(cfg(max_consecutive_crashes=2), root, "t", None) as loop:
+        for _ in range(3):
+            loop.enqueue_knobs({"FAIL_MODE": "nan"})
+        s = loop.run()
+    assert s.failed and "2 crashed" in s.stop_reason
+    assert statuses(root) == ["keep", "crash", "crash"]
+    assert len(loop.queue.pending()) == 1
+
+    other = make_repo(tmp_path / "b", FAIL_MODE="crash")
+    s = Loop(cfg(), other, "t", StrategyProposer()).run(max_experiments=3)
+    assert s.failed and "baseline" in s.stop_reason and statuses(other) == ["crash"]
+
+
+def test_rerun_and_confirmation(tmp_path):
+    root = make_repo(tmp_path, SEED_NOISE=0.001)
+    with Loop(cfg(confirm_new_best=True), root, "t", None) as loop:
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18})
+        loop.run()
+        best = loop.ledger.best_kept()
+        loop.enqueue_rerun(loop.base_sha, seed=7)
+        loop.run()
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == ["keep", "keep", "validation"]
+    assert "confirmed by a re-run with seed 43" in rows[1].reason
+    assert (root / "runs" / "t" / f"0002-{rows[1].commit}" / "train-confirm.log").exists()
+    assert rows[2].commit == rows[0].commit and rows[2].seed == 7 and rows[2].val_bpb is not None
+    assert Ledger(root / "runs" / "t").best_kept().commit == best.commit
+
+
+def test_calibrate_noise(tmp_path):
+    root = make_repo(tmp_path, SEED_NOISE=0.01)
+    loop = Loop(cfg(), root, "t", StrategyProposer(), calibrate_noise=3)
+    loop.run(max_experiments=3)
+    assert statuses(root) == ["keep", "validation", "validation"]
+    noise = json.loads((root / "runs" / "t" / "noise.json").read_text())
+    assert len(noise["values"]) == 3 and noise["noise"] > 0.002
+    again = Loop(cfg(), root, "t", StrategyProposer())
+    with again:
+        assert again.noise == pytest.approx(noise["noise"])
+    with Loop(cfg(noise=0.005), root, "t", StrategyProposer()) as explicit:
+        assert explicit.noise == 0.005
+
+
+# ------------------------------------------------------------------------------------------------ hooks
+
+def test_hooks_fire_once_in_order_despite_failing_and_hanging_ones(tmp_path):
+    root = make_repo(tmp_path)
+    log = tmp_path / "events.txt"
+    rec = f'echo "$AR_EVENT $AR_EXP_ID $AR_STATUS" >> {log}'
+    hooks = {e: [rec] for e in ("run_started", "run_finished", "reverted", "crashed", "loop_finished")}
+    hooks["run_started"].append("exit 1")
+    hooks["kept"] = [rec, "sleep 30"]
+    with Loop(cfg(hooks=hooks, hook_timeout=1), root, "t", None) as loop:
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18})
+        loop.enqueue_knobs({"LR_MULT": 2.0})
+        loop.enqueue_knobs({"FAIL_MODE": "nan"})
+        t0 = time.monotonic()
+        loop.run()
+        assert time.monotonic() - t0 < 20
+    lines = log.read_text().split("\n")[:-1]
+    assert lines == ["run_started 1 ", "run_finished 1 keep", "kept 1 keep",
+                     "run_started 2 ", "run_finished 2 keep", "kept 2 keep",
+                     "run_started 3 ", "run_finished 3 discard", "reverted 3 discard",
+                     "run_started 4 ", "run_finished 4 crash", "crashed 4 crash",
+                     "loop_finished  "]
+    Loop(cfg(hooks=hooks, hook_timeout=1), root, "t", None).run()     # resume: nothing fires twice
+    assert log.read_text().split("\n")[:-1] == lines + ["loop_finished  "]
+    starts = [json.loads(x) for x in (root / "runs" / "t" / "hooks.jsonl").read_text().splitlines()]
+    keys = [(e["event"], e["key"], e["i"]) for e in starts if e["phase"] == "start"]
+    assert len(keys) == len(set(keys))
+    ends = {(e["event"], e["key"], e["i"]): e["result"] for e in starts if e["phase"] == "end"}
+    assert ends[("run_started", "1", 1)].startswith("failed") and ends[("kept", "1", 1)].startswith("timed out")
+
+
+# ---------------------------------------------------------------------------------------- queue, resume
+
+def test_queue_order_kept_across_a_restart(tmp_path):
+    root = make_repo(tmp_path)
+    with Loop(cfg(), root, "t", None) as loop:
+        for lr in (0.5, 2.0, 1.5):
+            loop.enqueue_knobs({"LR_MULT": lr}, description=f"lr {lr}")
+        loop.run(max_experiments=2)
+    assert [r.description for r in read_results(root / "runs/t/results.tsv")] == ["baseline", "lr 0.5"]
+    Loop(cfg(), root, "t", None).run()
+    rows = assert_consistent(root)
+    assert [(r.exp_id, r.description) for r in rows] == [(1, "baseline"), (2, "lr 0.5"), (3, "lr 2.0"), (4, "lr 1.5")]
+
+
+def test_resume_repairs_half_made_state(tmp_path):
+    """The states a kill leaves, made by hand: a started spec with a commit and a dirty tree (re-run), and
+    a ledger row whose spec was never marked done (marked, not re-run)."""
+    root = make_repo(tmp_path)
+    Loop(cfg(), root, "t", StrategyProposer()).run(max_experiments=2)
+    g = GitRepo(root)
+    best = g.head_sha()
+    q = ExperimentQueue(root / "runs/t/queue.jsonl")
+    recorded = q.add("knobs", {"knobs": {"LR_MULT": 0.5}, "description": "recorded before the kill"})
+    q.start(recorded.id)
+    Ledger(root / "runs/t").append(Row("abcdef0", 1.5, None, Status.DISCARD, "recorded before the kill",
+                                       exp_id=recorded.id, tag="t", knobs={"LR_MULT": 0.5}))
+    half = q.add("knobs", {"knobs": {"LR_MULT": 2.0}, "description": "half made"})
+    q.start(half.id)
+    (root / "train.py").write_text(rewrite((root / "train.py").read_text(), {"LR_MULT": 2.0}))
+    sha = g.commit(["train.py"], "half made")
+    g.keep_ref("t", half.id, sha)
+    (root / "train.py").write_text((root / "train.py").read_text() + "\n# half-written edit\n")
+    events = []
+    Loop(cfg(), root, "t", None, on_event=events.append).run()
+    rows = assert_consistent(root)
+    assert [r.description for r in rows].count("recorded before the kill") == 1
+    assert [r.description for r in rows].count("half made") == 1
+    assert rows[-1].parent == best[:7] and g.exp_refs("t")[half.id] != sha
+    assert any("runs again" in e.message for e in events)
+
+
+def ar(*args, cwd, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "autoresearch", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def wait_for(pred, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def write_cfg(tmp_path, **kw) -> Path:
+    import yaml
+    base = dict(profile="cpu", time_budget=1.5, startup_allowance=10, eval_allowance=5, prepare_data=False)
+    base.update(kw)
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(base))
+    return f
+
+
+def training(root, exp_id):
+    st = json.loads((root / "runs/t/status.json").read_text())
+    x = st.get("experiment") or {}
+    return x.get("id") == exp_id and x.get("phase") == "training" and st.get("step")
+
+
+def test_kill_9_mid_experiment_then_resume(tmp_path):
+    root = make_repo(tmp_path)
+    conf = write_cfg(tmp_path)
+    p = ar("run", "--repo", str(root), "--tag", "t", "--config", str(conf), "--max-experiments", "6", cwd=tmp_path)
+    try:
+        wait_for(lambda: training(root, 3), what="experiment 3 training")
+        train_pids = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    psutil.wait_procs([psutil.Process(x) for x in train_pids if psutil.pid_exists(x)], timeout=5)
+    assert not any(psutil.pid_exists(x) and psutil.Process(x).status() != psutil.STATUS_ZOMBIE for x in train_pids)
+    before = read_results(root / "runs/t/results.tsv")
+    assert len(before) == 2
+    r = ar("run", "--repo", str(root), "--tag", "t", "--config", str(conf), "--max-experiments", "2", cwd=tmp_path)
+    out, err = r.communicate(timeout=60)
+    assert r.returncode == 0, err
+    assert "runs again" in out
+    rows = assert_consistent(root)
+    assert [x.exp_id for x in rows] == [1, 2, 3, 4]
+    assert rows[:2] == before                                          # nothing recorded was lost or changed
+
+
+def test_kill_9_during_the_proposal_then_resume(tmp_path):
+    root = make_repo(tmp_path)
+    slow = tmp_path / "slow_agent.py"
+    slow.write_text("import re, time\np = 'train.py'\nt = open(p).read()\n"
+                    "open(p, 'w').write(t.replace('LR_MULT = 1.0', 'LR_MULT = 3.0'))\nprint('edited', flush=True)\n"
+                    "time.sleep(60)\n")
+    conf = write_cfg(tmp_path, agent=f"{sys.executable} {slow}", agent_timeout=120)
+    p = ar("run", "--repo", str(root), "--tag", "t", "--config", str(conf), "--max-experiments", "3", cwd=tmp_path)
+    try:
+        wait_for(lambda: "LR_MULT = 3.0" in (root / "train.py").read_text(), what="the agent's edit")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    conf = write_cfg(tmp_path, proposer="strategy")
+    r = ar("run", "--repo", str(root), "--tag", "t", "--config", str(conf), "--max-experiments", "1", cwd=tmp_path)
+    out, err = r.communicate(timeout=60)
+    assert r.returncode == 0, err
+    rows = assert_consistent(root)
+    assert [x.exp_id for x in rows] == [1, 2] and rows[1].description.startswith("strategy:")
+    assert "LR_MULT = 3.0" not in (root / "train.py").read_text()
+
+
+def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
+    root = make_repo(tmp_path)
+    conf = write_cfg(tmp_path, time_budget=3)
+    p = ar("run", "--repo", str(root), "--tag", "t", "--config", str(conf), "--max-experiments", "5", cwd=tmp_path)
+    try:
+        wait_for(lambda: training(root, 2), what="experiment 2 training")
+        second = ar("run", "--repo", str(root), "--tag", "u", "--config", str(conf), cwd=tmp_path)
+        out, err = second.communicate(timeout=30)
+        assert second.returncode == 3
+        assert f"pid {p.pid}" in err and "tag t" in err and "Traceback" not in err
+        st = ar("status", "--repo", str(root), cwd=tmp_path)
+        out, _ = st.communicate(timeout=30)
+        assert f"pid {p.pid}" in out and "experiment 0002" in out and "best: 1.080000" in out
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == ["keep", "interrupted"]
+    again = ar("run", "--repo", str(root), "--tag", "t", "--config", str(write_cfg(tmp_path)), "--max-experiments",
+               "1", cwd=tmp_path)
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert [r.status.value for r in assert_consistent(root)][:2] == ["keep", "interrupted"]
+
