@@ -116,8 +116,9 @@ class GitRepo:
         missing = [p for p in patterns if p not in text.splitlines()]
         if missing:
             exclude.parent.mkdir(parents=True, exist_ok=True)
-            exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") +
-                               "# ar: experiment results and agents' scratch files\n" + "".join(p + "\n" for p in missing))
+            sep = "" if text.endswith("\n") or not text else "\n"
+            lines = "".join(p + "\n" for p in missing)
+            exclude.write_text(f"{text}{sep}# ar: experiment results and agents' scratch files\n{lines}")
 
     def clear_stale_index_lock(self) -> bool:
         """Remove .git/index.lock left by a killed git process; call only while holding ar's repo lock."""

@@ -65,8 +65,9 @@ def check_scope(repo: GitRepo, snap: Snapshot, allowed: list[str], tag_dir: Path
         return [], f"the proposal changed .git/{touched_git[0]}" + (f" and {len(touched_git) - 1} more" if
                                                                   len(touched_git) > 1 else "")
     now_runs = _runs_files(tag_dir)
+    own = exclude_prefix or "\0"
     touched_runs = sorted(k for k in set(now_runs) | set(snap.runs)
-                          if now_runs.get(k) != snap.runs.get(k) and not (exclude_prefix and k.startswith(exclude_prefix)))
+                          if now_runs.get(k) != snap.runs.get(k) and not k.startswith(own))
     if touched_runs:
         return [], f"the proposal changed {tag_dir.name}/{touched_runs[0]} under runs/ (the loop's records)"
     changed = repo.changed_paths(snap.parent, snap.untracked)
@@ -121,7 +122,8 @@ def _findings(tree: ast.AST) -> list[tuple[str, str, int]]:
             for sub in (s for t in targets for s in ast.walk(t)):
                 if isinstance(sub, ast.Attribute) and sub.attr in RUNNER_FIELDS:
                     out.append(("assigns", "." + sub.attr, line))
-                if isinstance(sub, ast.Subscript) and _is_environ(sub.value) and not isinstance(sub.slice, ast.Constant):
+                if isinstance(sub, ast.Subscript) and _is_environ(sub.value) and \
+                        not isinstance(sub.slice, ast.Constant):
                     out.append(("writes os.environ with", "a computed key", line))
         elif isinstance(node, ast.Call):
             f = node.func

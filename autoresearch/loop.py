@@ -17,8 +17,8 @@ branch go back to the best kept commit; refs of half-made experiment commits are
 
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
 "time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
-"rerun" ({"commit": sha, "seed": int}: the same commit with another seed, recorded as `validation`,
-never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside `with Loop(...)`,
+"rerun" ({"commit": sha, "seed": int, "time_budget": s|None}: the same commit with another seed, recorded
+as `validation`, never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside `with Loop(...)`,
 then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a run as `pruned`.
 """
 
@@ -58,6 +58,7 @@ Monitor = Callable[[StepPoint], "str | None"]
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
 DIFF_CAP = 1 << 20
 TAIL_LINES = 64
+MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
 
 
 @dataclass
@@ -107,6 +108,8 @@ class Loop:
         self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
         self._emit = on_event or (lambda e: None)
         self.baseline, self.calibrate_noise, self.command = baseline, calibrate_noise, command
+        if calibrate_noise == 1:
+            raise ConfigError("--calibrate-noise K needs K >= 2 runs of the baseline to measure a spread")
         self.profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
         self.eval_tokens = cfg.eval_tokens or self.profile.eval_tokens
         self._lock = RepoLock(self.root / "runs" / ".ar.lock", tag=self.tag, command=command)
@@ -217,12 +220,14 @@ class Loop:
         have = len(self._base_values())
         queued = [s for s in self.queue.pending() if s.payload.get("calibrate")]
         baseline_pending = any(s.kind == "baseline" for s in self.queue.pending())
-        missing = k - have - len(queued) - int(baseline_pending)
-        for i in range(max(0, missing)):
+        missing = max(0, k - have - len(queued) - int(baseline_pending))
+        for i in range(missing):
             self.queue.add("rerun", {"commit": self.base_sha, "seed": self.cfg.seed + have + i + 1,
                                      "calibrate": True, "description": "noise calibration: baseline again"})
-        self.say(f"noise calibration: {k} runs of the baseline ({have} done, {max(0, missing) + len(queued)} "
-                 "queued)")
+        if missing or queued or baseline_pending:
+            self.say(f"noise calibration: {k} runs of the baseline ({have} done, {missing + len(queued)} queued)")
+        elif not (self.tag_dir / "noise.json").exists():  # ar stopped between the last run and writing the file
+            self._finish_calibration()
 
     def _base_values(self) -> list[float]:
         return [r.val_bpb for r in self.ledger.rows() if r.commit == short(self.base_sha) and r.val_bpb is not None
@@ -300,11 +305,15 @@ class Loop:
 
     def run_one(self, spec: Spec) -> Row | None:
         """One experiment, start to recorded. None when a propose spec finds nothing left to try."""
-        self.queue.start(spec.id)                                                          # 1
         for d in self.tag_dir.glob(f"{spec.id:04d}-*"):
             shutil.rmtree(d, ignore_errors=True)
         x = _Exp(spec, parent=self.best_sha, started_at=now_iso(), stage=self.ledger.exp_dir(spec.id, ""))
-        self._emit(Event("start", spec.payload.get("description", spec.kind), spec=spec))
+        if self.queue.starts(spec.id) >= MAX_STARTS:  # it keeps taking ar down with it: record, do not retry
+            x.description = spec.payload.get("description") or spec.kind
+            return self._record(x, self._row(x, Status.INTERRUPTED, reason=f"ar stopped during this experiment "
+                                                                             f"{MAX_STARTS} times; not run again"))
+        self.queue.start(spec.id)                                                          # 1
+        self._emit(Event("start", spec.payload.get("description") or "", spec=spec))
         snap = None
         try:
             if spec.kind == "rerun":
@@ -327,6 +336,8 @@ class Loop:
                 x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
             return self._train_and_record(x)                                               # 5-9
         except KeyboardInterrupt:
+            if x.row is not None:  # already recorded (the commit point): stop; a resume finishes the bookkeeping
+                raise _Stop("interrupted after the experiment was recorded", interrupted=True) from None
             return self._interrupted(x, snap)
 
     # ---------------------------------------------------------------------------------- the steps
@@ -381,7 +392,7 @@ class Loop:
 
     def _rerun(self, x: "_Exp") -> Row:
         p = x.spec.payload
-        x.seed = p.get("seed")
+        x.seed, x.time_budget = p.get("seed"), p.get("time_budget")
         try:
             x.sha = self.git.resolve(str(p.get("commit")))
         except GitError:
@@ -466,7 +477,8 @@ class Loop:
         x.wall = result.wall_seconds
         if result.log_truncated:  # the cap dropped the end of the output: keep its last lines (the summary)
             with open(result.log_path, "a", encoding="utf-8", errors="replace") as f:
-                f.write(f"[ar] the last {len(x.tail)} lines of the output:\n" + "".join(ln[:400] + "\n" for ln in x.tail))
+                tail = "".join(ln[:400] + "\n" for ln in x.tail)
+                f.write(f"[ar] the last {len(x.tail)} lines of the output:\n{tail}")
         return result, (stopped_by[0] if stopped_by else None)
 
     def _classify(self, x: "_Exp", result, stopped_by: Status | None, budget: float):
@@ -528,6 +540,7 @@ class Loop:
 
     def _record(self, x: "_Exp", row: Row) -> Row:
         self.ledger.append(row)                                                           # 8
+        x.row = row
         self.queue.done(x.spec.id, row.status.value)
         self._fire(row)                                                                   # 9
         self._emit(Event("result", row.reason, spec=x.spec, row=row))
@@ -645,6 +658,7 @@ class _Exp:
     val_bpb: float | None = None     # set only when the run counted (clean exit, summary, record confirmed)
     t_run: float = 0.0
     wall: float = 0.0
+    row: Row | None = None           # set once the ledger has the row
 
 
 def _message(x: _Exp, tag: str) -> str:

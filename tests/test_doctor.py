@@ -233,6 +233,8 @@ def test_cli_doctor_reads_the_agent_from_the_config(tmp_path):
     cfg.write_text("agent: 'no-such-agent-binary {prompt_file}'\n")
     result = runner.invoke(app, ["doctor", "--repo", str(tmp_path), "--config", str(cfg)])
     assert result.exit_code == 1 and "'no-such-agent-binary' not found" in result.output
+    result = runner.invoke(app, ["doctor", "--repo", str(tmp_path), "--agent", "another-missing-agent"])
+    assert result.exit_code == 1 and "'another-missing-agent' not found" in result.output
 
 
 # ---------------------------------------------------------------------------------------------- probe choice

@@ -27,14 +27,15 @@ SYMBOL = {dr.OK: "[green]✓[/]", dr.WARN: "[yellow]![/]", dr.FAIL: "[red]✗[/]
 def doctor(
     repo: Annotated[Path, typer.Option(help="The workspace to check.")] = Path("."),
     config: Annotated[Optional[Path], typer.Option(help="The run config (dataset, agent, profile).")] = None,
+    agent: Annotated[Optional[str], typer.Option(help="The agent `ar run --agent` would use.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the checklist.")] = False,
     probe: Annotated[bool, typer.Option("--probe", help="Measure attention/compile/batch paths on the GPU "
                                         "and save the fastest correct one for train.py's \"auto\" knobs.")] = False,
     probe_budget: Annotated[float, typer.Option(help="Seconds the probe may spend in all.")] = 180.0,
 ) -> None:
     """Check what a run needs, each line with its fix; --probe finds the fastest correct GPU path."""
-    cfg = load_config(config)
-    checks = dr.run_checks(repo, dataset=cfg.dataset, agent=getattr(cfg, "agent", None), profile=cfg.profile)
+    cfg = load_config(config, {"agent": agent})
+    checks = dr.run_checks(repo, dataset=cfg.dataset, agent=cfg.agent, profile=cfg.profile)
     if not as_json:
         _print_checks(checks)
     report = dr.probe(repo, budget_s=probe_budget, progress=None if as_json else _print_result) if probe else None
@@ -56,7 +57,7 @@ def init(
     ws = init_workspace(directory, force=force)
     console.print(f"created {ws.path} with {len(ws.files)} files (commit {ws.commit[:7]}). Next:",
                   highlight=False, soft_wrap=True)
-    console.print(f"  cd {directory} && ar run --max-experiments 3\n  ar report", highlight=False)
+    console.print(f"  cd {directory} && ar run --max-experiments 3\n  ar report", highlight=False, soft_wrap=True)
 
 
 def _print_checks(checks: list[dr.Check]) -> None:

@@ -45,7 +45,7 @@ class LiveView:
             if e.kind in ("info", "warn"):
                 self.live.console.print(Text(e.message, style="yellow" if e.kind == "warn" else ""))
             elif e.kind == "start":
-                self.live.update(Text(f"{e.spec.id:04d} {e.spec.kind}: {e.message} …", style="dim"))
+                self.live.update(Text(f"{e.spec.id:04d} {e.spec.kind} {e.message} …".replace("  ", " "), style="dim"))
             elif e.kind == "step":
                 p = e.step
                 mfu = "?" if p.mfu is None else f"{p.mfu:.1f}%"
