@@ -419,9 +419,11 @@ def compare(losses: list[float], reference: list[float], rtol: float = 2e-2, fir
 
 
 def choose(results: list[ProbeResult], reference: ProbeResult | Mapping[int, ProbeResult], *,
-           slow_fraction: float = 0.5, **tolerance) -> tuple[Candidate | None, list[dict]]:
+           slow_fraction: float = 0.5, prefer: tuple[Candidate, ...] = (), tie: float = 0.02,
+           **tolerance) -> tuple[Candidate | None, list[dict]]:
     """The fastest candidate whose losses match the reference at its batch size (`compare`, with `tolerance`),
-    and one row per result.
+    and one row per result. A candidate in `prefer` (the defaults) wins when within `tie` of the fastest: a
+    difference that small is noise.
 
     Statuses: chosen, correct, alive but slow (correct, under slow_fraction of the best tokens/s), incorrect,
     failed, unverified (no working reference at that batch), skipped.
@@ -449,6 +451,9 @@ def choose(results: list[ProbeResult], reference: ProbeResult | Mapping[int, Pro
     if not correct:
         return None, rows
     best_row, best = max(correct, key=lambda pair: pair[0]["tokens_per_s"])
+    floor = (1 - tie) * best_row["tokens_per_s"]
+    close = {r.candidate: (row, r) for row, r in correct if row["tokens_per_s"] >= floor}
+    best_row, best = next((close[c] for c in prefer if c in close), (best_row, best))
     for row, _ in correct:
         if row["tokens_per_s"] < slow_fraction * best_row["tokens_per_s"]:
             row.update(status="alive but slow",
@@ -514,10 +519,12 @@ def run_probe(execute: Callable[[Candidate, float], ProbeResult], default: Candi
                     break
         return refs[batch]
 
-    def best() -> Candidate | None:
-        return choose(results, refs)[0]
-
     base = max(1, default.device_batch // 2)
+    prefer = (default, replace(default, device_batch=base))
+
+    def best() -> Candidate | None:
+        return choose(results, refs, prefer=prefer)[0]
+
     ref = reference_at(base)
     if not ref.ok:
         notes.append(f"the reference step failed ({ref.skipped or ref.error}): nothing can be verified")
@@ -531,7 +538,9 @@ def run_probe(execute: Callable[[Candidate, float], ProbeResult], default: Candi
         for batch in sorted({default.device_batch, min(2 * default.device_batch, backend.MAX_AUTO_BATCH)} - {base}):
             if not reference_at(batch).ok:
                 if not refs[batch].skipped:
-                    notes.append(f"no working reference at batch {batch}: larger batches not tried")
+                    why = (refs[batch].error or "failed")[:70]
+                    notes.append(f"the eager reference does not run at batch {batch} ({why}): batches from "
+                                 f"{batch} up cannot be verified, so none is chosen")
                 break
             scaled = run(replace(top, device_batch=batch))
             if batch == default.device_batch:
@@ -544,7 +553,7 @@ def run_probe(execute: Callable[[Candidate, float], ProbeResult], default: Candi
             run(Candidate(a, False, False, base))
     if any(r.skipped and "budget" in r.skipped for r in results):
         notes.append(f"the {budget_s:g} s budget ran out: some candidates were skipped (raise --probe-budget)")
-    choice, rows = choose(results, refs)
+    choice, rows = choose(results, refs, prefer=prefer)
     return ProbeReport(choice, rows, notes, clock() - start)
 
 

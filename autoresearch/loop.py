@@ -515,16 +515,18 @@ class Loop:
 
     def _confirm(self, x: "_Exp", best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
         """Re-run a would-be new best with another seed; keep when the mean of both still clears the noise."""
-        record, log = x.exp_dir / "record.json", x.exp_dir / "train.log"
-        os.replace(log, x.exp_dir / "train-first.log")
-        os.replace(record, x.exp_dir / "record-first.json")
+        names = ("train.log", "record.json", "metrics.json")
+        for n in names:  # the first run's files keep their names; the confirmation's get a -confirm suffix
+            os.replace(x.exp_dir / n, x.exp_dir / f"first-{n}")
+        mfu = x.mfu
         result, _ = self._train(x, budget, seed + 1)
         status, why, m = self._classify(x, result, None, budget)
-        os.replace(log, x.exp_dir / "train-confirm.log")
-        os.replace(x.exp_dir / "train-first.log", log)
-        if record.exists():
-            os.replace(record, x.exp_dir / "record-confirm.json")
-        os.replace(x.exp_dir / "record-first.json", record)
+        x.mfu = mfu
+        for n in names:
+            stem, ext = n.split(".")
+            if (x.exp_dir / n).exists():
+                os.replace(x.exp_dir / n, x.exp_dir / f"{stem}-confirm.{ext}")
+            os.replace(x.exp_dir / f"first-{n}", x.exp_dir / n)
         if status is not None:
             return Status.DISCARD, f"confirmation re-run failed ({status.value}: {why})"
         mean = (first + m.val_bpb) / 2
@@ -536,7 +538,7 @@ class Loop:
         if snap is not None:
             guards.restore(self.git, snap, self.tag_dir)
         self.git.reset_hard(self.best_sha)
-        return self._record(x, self._row(x, Status.INTERRUPTED, m=m, reason="interrupted by Ctrl-C"))
+        return self._record(x, self._row(x, Status.INTERRUPTED, m=m, reason="interrupted (Ctrl-C or SIGTERM)"))
 
     def _record(self, x: "_Exp", row: Row) -> Row:
         self.ledger.append(row)                                                           # 8

@@ -320,6 +320,19 @@ def test_resume_repairs_half_made_state(tmp_path):
     assert any("runs again" in e.message for e in events)
 
 
+def test_a_spec_that_keeps_stopping_ar_is_recorded_not_retried(tmp_path):
+    root = make_repo(tmp_path)
+    Loop(cfg(), root, "t", None).run()
+    q = ExperimentQueue(root / "runs/t/queue.jsonl")
+    spec = q.add("knobs", {"knobs": {"LR_MULT": 2.0}, "description": "takes ar down"})
+    for _ in range(3):
+        q.start(spec.id)
+    s = Loop(cfg(), root, "t", None).run()
+    rows = assert_consistent(root)
+    assert rows[-1].status is Status.INTERRUPTED and "3 times" in rows[-1].reason
+    assert s.experiments == 1 and len(rows) == 2
+
+
 def ar(*args, cwd, env=None, **kw):
     return subprocess.Popen([sys.executable, "-m", "autoresearch", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)

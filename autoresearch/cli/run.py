@@ -91,8 +91,7 @@ def run(
     with view.live:
         summary = loop.run(max_experiments, max_hours)
     view.finish(summary)
-    if summary.interrupted or summary.failed:  # SystemExit: main() runs the app with standalone_mode=False
-        sys.exit(130 if summary.interrupted else 2)
+    raise typer.Exit(130 if summary.interrupted else 2 if summary.failed else 0)
 
 
 @app.command()
