@@ -31,7 +31,7 @@ WARMUP_RATIO = 0.0           # fraction of the budget spent ramping the LR up
 WARMDOWN_RATIO = 0.5         # fraction of the budget spent decaying the LR to FINAL_LR_FRAC
 FINAL_LR_FRAC = 0.0
 COMPILE_MODEL = "auto"       # True / False / "auto" (off on consumer Blackwell, where it has been broken)
-COMPILE_OPTIMIZER = True     # compile the fused Muon update (CUDA only)
+COMPILE_OPTIMIZER = "auto"   # compile the fused Muon update (CUDA only): True / False / "auto"
 ATTENTION = "auto"           # "auto", "cudnn", "flash", "efficient", "fa3" (Hopper, if installed), "math"
 
 # CPU profile (no GPU): the same knobs drive a model about 1/64 the size, so every experiment still means
@@ -461,8 +461,11 @@ def train(env: RunEnv, t_start: float) -> dict:
     cfg = make_config(vocab, seq_len, env.profile.name)
     model = build_model(cfg, device)
 
-    choice = resolve_backend(ATTENTION, COMPILE_MODEL, DEVICE_BATCH_SIZE, device_name=gpu_name, cache=env.cache)
+    # "auto" knobs come from `ar doctor --probe`'s measured choice for this GPU and torch, else safe defaults
+    choice = resolve_backend(ATTENTION, COMPILE_MODEL, DEVICE_BATCH_SIZE, device_name=gpu_name, cache=env.cache,
+                             compile_optimizer=COMPILE_OPTIMIZER, seq_len=seq_len)
     attention, compile_model = choice["attention"], bool(choice["compile_model"]) and device.type == "cuda"
+    compile_optimizer = bool(choice["compile_optimizer"]) and device.type == "cuda"
     if device.type == "cpu":
         attention = "math" if ATTENTION == "auto" else attention
         if "S" in WINDOW_PATTERN.upper():
@@ -475,6 +478,10 @@ def train(env: RunEnv, t_start: float) -> dict:
         raise TrainFailure(f"TOTAL_BATCH_SIZE {TOTAL_BATCH_SIZE} is not a multiple of the sequence length "
                            f"{seq_len}; use a power of two ≥ {seq_len}", 1)
     device_batch = sizes["device_batch"]
+    if device_batch == "auto" and choice["source"]["device_batch"] == "probe" and device.type == "cuda":
+        device_batch = choice["device_batch"]
+        while rows_per_step % device_batch:       # the probe measured one size; keep a divisor of this step
+            device_batch //= 2
     if device_batch == "auto":
         device_batch = (fit_device_batch(model, rows_per_step, seq_len, attention, mem_limit)
                         if device.type == "cuda" else min(rows_per_step, 16))
@@ -492,9 +499,10 @@ def train(env: RunEnv, t_start: float) -> dict:
     flops_per_token = model.flops_per_token()
     print(f"model: depth {cfg.depth}, width {cfg.width}, heads {cfg.n_head}, params {model.num_params() / 1e6:.1f}M | "
           f"batch {total_batch} tokens = {accum} × {device_batch} × {seq_len} | attention {attention} "
-          f"({choice['source']['attention']}) | compile {compile_model} | device {gpu_name}", flush=True)
+          f"({choice['source']['attention']}) | compile model {compile_model}, optimizer {compile_optimizer} | "
+          f"device {gpu_name}", flush=True)
 
-    optimizer = MuonAdamW(model, lr_mult=LR_MULT, compile_update=COMPILE_OPTIMIZER and device.type == "cuda")
+    optimizer = MuonAdamW(model, lr_mult=LR_MULT, compile_update=compile_optimizer)
     step_model = torch.compile(model, dynamic=False) if compile_model else model
     loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed)
 
