@@ -62,7 +62,12 @@ class RunConfig:
     # around the loop
     hooks: dict[str, list[str]] = field(default_factory=dict)  # event -> shell commands
     hook_timeout: float = 30.0
-    gpus: list[int] | str | None = None    # reserved for GPU slots; only None is accepted for now
+    # several GPUs (docs/scale-out.md)
+    gpus: str | None = None                # slots: "0,1", "all", "cpu:N"; None: one experiment at a time
+    stale_policy: str = "rerun"            # a win whose parent is no longer the best: rerun | record (`stale`)
+    executor: str = "local"                # local (slots on this machine) | ray
+    ray_address: str | None = None         # ray: cluster address; None: ray's own discovery / a local cluster
+    ray_resource: str = "GPU"              # ray: the resource one experiment asks one unit of
 
     def noise_threshold(self, tag_dir: Path) -> tuple[float, str]:
         """The keep threshold and where it came from: config, noise.json or the default."""
@@ -83,7 +88,8 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     where = f"{key} in {source}"
     num = (int, float)
     if value is None:
-        if key in {"time_budget", "eval_tokens", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus"}:
+        if key in {"time_budget", "eval_tokens", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus",
+                   "ray_address"}:
             return None
         raise ConfigError(f"{where} may not be empty")
     if key == "train_command":
@@ -147,7 +153,19 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             out[event] = cmds
         return out
     if key == "gpus":
-        raise ConfigError(f"{where}: GPU slots are not available yet; remove the key")
+        from .executors import parse_gpus
+        value = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        parse_gpus(value, probe=False, where=where)
+        return value
+    if key in ("stale_policy", "executor"):
+        choices = ("rerun", "record") if key == "stale_policy" else ("local", "ray")
+        if value not in choices:
+            raise ConfigError(f"{where} must be {' or '.join(choices)}, not {value!r}")
+        return value
+    if key in ("ray_address", "ray_resource"):
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where} must be a non-empty string")
+        return value
     raise AssertionError(f"no validation for {key}")  # every field must be handled above
 
 

@@ -16,6 +16,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faults
 from .errors import GitError
 from .gitops import GitRepo, git_state, restore_git_state
 
@@ -83,6 +84,7 @@ def restore(repo: GitRepo, snap: Snapshot, tag_dir: Path) -> None:
     Untracked files the proposal created are deleted; ones that were there before are left alone."""
     restore_git_state(repo.git_dir, snap.git)
     new_untracked = [p for p in repo.untracked() if p not in snap.untracked]
+    faults.point("reject")
     repo.reset_hard(snap.parent)
     repo.remove_untracked(new_untracked)
     tag_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
+from . import faults
 from .errors import ConfigError
 from .ledger import append_line, now_iso
 from .runner import stop_processes
@@ -159,6 +160,7 @@ class Hooks:
         except OSError as e:
             return {"result": f"could not start: {e.strerror or e}", "rc": None, "seconds": 0.0, "output": ""}
         assert proc.stdin is not None and proc.stdout is not None
+        faults.point("hook")
         tail: deque[bytes] = deque()
         done = threading.Event()
         threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True).start()

@@ -24,6 +24,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable
 
+from . import faults
 from .errors import ArError
 
 log = logging.getLogger(__name__)
@@ -306,6 +307,7 @@ def append_line(path: Path, line: str, *, header: str | None = None,
                 size = start
                 warn(f"{path.name}: dropped a partial last line (cut off by a kill mid-write): {partial[:80]!r}")
         data = prefix + ((header or "") if size == 0 else "").encode() + line.encode("utf-8")
+        faults.point(f"append.{path.stem}", lambda: os.write(fd, data[:len(data) // 2]))
         view = memoryview(data)
         while view:
             n = os.write(fd, view)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import guards
+from . import faults, guards
 from .config import RunConfig
 from .decide import decide, noise_from_repeats
 from .errors import ArError, ConfigError, DataError, GitError
@@ -118,6 +118,7 @@ class Loop:
         self._status_doc: dict = {}
         self._status_at = 0.0
         self._status_lock = threading.Lock()
+        self.slot_env: dict[str, str] = {}  # added to train.py's environment (a GPU slot's CUDA_VISIBLE_DEVICES)
 
     # ----------------------------------------------------------------------------------- open / close
     def say(self, message: str, kind: str = "info") -> None:
@@ -161,6 +162,7 @@ class Loop:
         recorded = {r.exp_id: r for r in rows if r.exp_id is not None}
         in_flight = [s for s in self.queue.pending() if self.queue.is_started(s.id) and s.id not in recorded]
         self._prepare_tree(resume=bool(in_flight))
+        faults.point("resume")
         for spec in self.queue.pending():           # a row whose spec is not marked done: mark it, fire its hooks
             if spec.id in recorded:
                 self.queue.done(spec.id, recorded[spec.id].status.value)
@@ -313,6 +315,7 @@ class Loop:
             return self._record(x, self._row(x, Status.INTERRUPTED, reason=f"ar stopped during this experiment "
                                                                              f"{MAX_STARTS} times; not run again"))
         self.queue.start(spec.id)                                                          # 1
+        faults.point("start")
         self._emit(Event("start", spec.payload.get("description") or "", spec=spec))
         snap = None
         try:
@@ -322,6 +325,7 @@ class Loop:
                 snap = guards.snapshot(self.git, x.parent, self.tag_dir)
                 self._status_exp(x, "proposing")
                 proposal = self._propose(x)                                                # 2
+                faults.point("propose")
                 if proposal is None:
                     self.queue.done(spec.id, "skipped")
                     if self.proposer is not None and spec.kind == "propose":
@@ -332,6 +336,7 @@ class Loop:
                     return self._reject(x, snap, reason)
                 x.sha = self.git.commit([*x.changed] or [self.train_file], _message(x, self.tag),   # 4
                                         allow_empty=not x.changed)
+                faults.point("commit")
             else:
                 x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
             return self._train_and_record(x)                                               # 5-9
@@ -403,6 +408,11 @@ class Loop:
         return self._train_and_record(x)
 
     def _train_and_record(self, x: "_Exp") -> Row:
+        return self._decide_and_record(x, *self._train_and_classify(x))
+
+    def _train_and_classify(self, x: "_Exp"):
+        """Steps 5-6 for a committed experiment: (result, failure status or None, reason, metrics, budget, seed).
+        With several slots this runs in the slot's worktree, alongside other experiments."""
         spec = x.spec
         x.exp_dir = self.ledger.exp_dir(spec.id, x.sha)
         if x.stage.exists() and x.stage != x.exp_dir:
@@ -423,6 +433,12 @@ class Loop:
                                                   "description": x.description, "time_budget": budget})
         result, stopped_by = self._train(x, budget, seed)                                 # 5
         status, reason, m = self._classify(x, result, stopped_by, budget)                 # 6
+        return result, status, reason, m, budget, seed
+
+    def _decide_and_record(self, x: "_Exp", result, status: Status | None, reason: str, m, budget: float,
+                           seed: int) -> Row:
+        """Steps 7-9: serial, in dispatch order. The main tree ends at the best kept commit."""
+        spec = x.spec
         if result.stop_reason == STOP_INTERRUPTED:
             return self._interrupted(x, None, m)
         x.time_budget, x.seed = budget, seed
@@ -435,10 +451,11 @@ class Loop:
             status, reason = (Status.KEEP if d.keep else Status.DISCARD), d.reason
             if d.keep and best is not None and self.cfg.confirm_new_best:
                 status, reason = self._confirm(x, best.val_bpb, m.val_bpb, budget, seed)
+        faults.point("decide")
         if status is Status.KEEP:
             self.best_sha = x.sha
-        else:
-            self.git.reset_hard(self.best_sha)
+        self.git.reset_hard(self.best_sha)  # kept on one GPU: HEAD is there already; from a slot: the branch moves
+        faults.point("revert")
         row = self._row(x, status, m=m, reason=reason)
         return self._record(x, row)                                                       # 8, 9
 
@@ -448,6 +465,7 @@ class Loop:
         env = environ_without_git()
         env.update(AR_TIME_BUDGET=f"{budget:g}", AR_EVAL_TOKENS=str(self.eval_tokens), AR_RESULT_FILE=str(record),
                    AR_DATASET=self.cfg.dataset, AR_SEED=str(seed), AR_PROFILE=self.profile.name)
+        env.update(self.slot_env)
         watch = (DegradedWatch(min_mfu=self.cfg.min_mfu, min_tokens_per_s=self.cfg.min_tokens_per_s,
                                warmup_steps=self.cfg.degraded_warmup_steps, patience=self.cfg.degraded_patience)
                  if self.cfg.min_mfu is not None or self.cfg.min_tokens_per_s is not None else None)
@@ -462,6 +480,7 @@ class Loop:
             if p is None:
                 return None
             self._emit(Event("step", spec=x.spec, step=p, time_budget=budget))
+            faults.point("train")
             self._status_step(p)
             for status, check in ((Status.DEGRADED, watch and watch.feed), (Status.PRUNED, monitor)):
                 why = check(p) if check else None
@@ -485,6 +504,7 @@ class Loop:
         """(failure status or None when the run counts, reason, metrics)."""
         self._status_exp(x, "measuring", budget=budget)
         m = parse_log_file(result.log_path)
+        faults.point("parse")
         _write_json(x.exp_dir / "metrics.json", {k: v for k, v in m.to_dict().items() if k != "steps"} |
                     {"wall_seconds": result.wall_seconds, "returncode": result.returncode,
                      "stop_reason": result.stop_reason, "log_truncated": result.log_truncated})
@@ -542,8 +562,10 @@ class Loop:
 
     def _record(self, x: "_Exp", row: Row) -> Row:
         self.ledger.append(row)                                                           # 8
+        faults.point("recorded")
         x.row = row
         self.queue.done(x.spec.id, row.status.value)
+        faults.point("done")
         self._fire(row)                                                                   # 9
         self._emit(Event("result", row.reason, spec=x.spec, row=row))
         if x.spec.payload.get("calibrate") and not any(s.payload.get("calibrate") for s in self.queue.pending()):
@@ -723,7 +745,8 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     proposer = make_proposer(cfg)
     if cfg.proposer is None and proposer.name == "strategy":
         say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
-    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
+    from .parallel import make_loop  # a ParallelLoop when the config names GPU slots or Ray
+    loop = make_loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.profile == "auto":
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
         say(f"{what}: {loop.profile.name} profile ({loop._budget(None):g}s budget, {loop.eval_tokens} eval tokens)")

@@ -18,6 +18,7 @@ import shlex
 import shutil
 from pathlib import Path
 
+from .. import faults
 from ..errors import ConfigError
 from ..ledger import Row
 from ..runner import STOP_INTERRUPTED, run_training
@@ -162,6 +163,7 @@ class AgentProposer:
         def on_line(line: str) -> None:
             if line.strip():
                 last[0] = line.strip()
+            faults.point("agent")
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("AR_") and k not in ("GIT_DIR", "GIT_WORK_TREE")}
         env.update(AR_PROMPT_FILE=str(prompt_file), AR_DESCRIPTION_FILE=str(description_file),

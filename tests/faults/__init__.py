@@ -1,0 +1,1 @@
+"""Fault-injection and hostile-agent suite: kills, races, bad proposals, broken hooks and files."""

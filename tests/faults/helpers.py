@@ -1,0 +1,183 @@
+"""Repos, configs, ways to start `ar`, and the audit that counts what a fault broke."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+import autoresearch.cli as cli
+from autoresearch import faults
+from autoresearch.gitops import GitRepo
+from autoresearch.knobs import rewrite
+from autoresearch.ledger import Row, Status, read_results
+from autoresearch.queue import ExperimentQueue
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+AGENTS = FIXTURES / "agents"
+HERE = Path(__file__).resolve().parent
+
+
+def make_repo(tmp_path: Path, name: str = "repo", **knobs) -> Path:
+    root = tmp_path / name
+    root.mkdir(parents=True)
+    text = (FIXTURES / "fake_train.py").read_text()
+    (root / "train.py").write_text(rewrite(text, knobs) if knobs else text)
+    (root / "program.md").write_text("# program\nLower val_bpb.\n")
+    (root / "prepare.py").write_text("EVAL_TOKENS = 2**15  # the harness stand-in\n")
+    (root / ".gitignore").write_text("runs/\n__pycache__/\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
+    return root
+
+
+def write_cfg(path: Path, **kw) -> Path:
+    base = dict(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=5, prepare_data=False,
+                max_consecutive_crashes=1000)
+    base.update(kw)
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+def agent_cmd(name: str, *extra: str) -> str:
+    folder = HERE if (HERE / name).exists() else AGENTS
+    return " ".join([sys.executable, str(folder / name), *extra, "{prompt_file}"])
+
+
+def ar_proc(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "autoresearch", *args], cwd=cwd,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def fork_ar(*args: str, fault: str | None = None, log: Path, timeout: float = 60.0) -> int:
+    """`ar ARGS` in a forked copy of this (already imported) interpreter: a real process that a fault point
+    SIGKILLs, without paying Python's start-up for each kill. Returns the exit code, or -signal."""
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 70
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            sys.stdout = open(1, "w", closefd=False, buffering=1)
+            sys.stderr = open(2, "w", closefd=False, buffering=1)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            faults.arm(fault)
+            sys.argv = ["ar", *args]
+            cli.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"ar {' '.join(args)} (fault {fault}) did not finish in {timeout:g}s; see {log}")
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------------------------------------- the audit
+
+@dataclass
+class History:
+    """What was ever seen recorded: a row or a queue entry seen once must never disappear or change."""
+
+    rows: dict[int, list[str]] = field(default_factory=dict)   # exp_id -> the row's fields
+    specs: set[int] = field(default_factory=set)
+    done: dict[int, str] = field(default_factory=dict)
+    hooks_seen: set[tuple] = field(default_factory=set)
+
+    def observe(self, root: Path, tag: str) -> None:
+        for r in read_results(root / "runs" / tag / "results.tsv", warn=lambda m: None):
+            self.rows.setdefault(r.exp_id, r.to_fields())
+        q = ExperimentQueue(root / "runs" / tag / "queue.jsonl", warn=lambda m: None)
+        for s in q.all():
+            self.specs.add(s.id)
+            if q.is_done(s.id):
+                self.done.setdefault(s.id, q.status(s.id))
+
+
+@dataclass
+class Counts:
+    lost: int = 0
+    duplicated: int = 0
+    wrongly_kept: int = 0
+    inconsistent: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def bad(self, kind: str, n: int, note: str) -> None:
+        if n:
+            setattr(self, kind, getattr(self, kind) + n)
+            self.notes.append(f"{kind}: {note}")
+
+
+def audit(root: Path, tag: str, hist: History, noise: float) -> Counts:
+    """Count what is wrong with a repo after a resume (ar not running)."""
+    c = Counts()
+    tag_dir = root / "runs" / tag
+    rows = read_results(tag_dir / "results.tsv", warn=lambda m: None)
+    q = ExperimentQueue(tag_dir / "queue.jsonl", warn=lambda m: None)
+    by_id: dict[int, list[Row]] = {}
+    for r in rows:
+        by_id.setdefault(r.exp_id, []).append(r)
+    c.bad("duplicated", sum(len(v) - 1 for v in by_id.values()), "an experiment recorded twice")
+    c.bad("lost", sum(1 for i, f in hist.rows.items() if i not in by_id or by_id[i][0].to_fields() != f),
+          "a recorded row vanished or changed")
+    c.bad("lost", len(hist.specs - {s.id for s in q.all()}), "a queue entry vanished")
+    c.bad("duplicated", sum(1 for i in hist.done if not q.is_done(i)), "a done spec is pending again")
+    c.bad("inconsistent", sum(1 for r in rows if not q.is_done(r.exp_id)), "a recorded spec not marked done")
+    # decisions: every keep beat the best before it by more than the noise
+    best = None
+    for r in rows:
+        if r.status is Status.KEEP:
+            if best is not None and not (r.val_bpb < best - noise):
+                c.bad("wrongly_kept", 1, f"experiment {r.exp_id} kept at {r.val_bpb} against {best}")
+            best = r.val_bpb if best is None else min(best, r.val_bpb)
+    g = GitRepo(root)
+    base = json.loads((tag_dir / "meta.json").read_text())["base"]
+    kept = [r.commit for r in rows if r.status is Status.KEEP and r.commit != base[:7]]
+    on_branch = [s[:7] for s in g.commits_since(base)]
+    c.bad("wrongly_kept", len(set(on_branch) - set(kept)), f"commits on the branch that are not kept: {on_branch}")
+    c.bad("inconsistent", int(on_branch != kept), f"branch {on_branch} != kept {kept}")
+    best_row = min((r for r in rows if r.status is Status.KEEP), key=lambda r: r.val_bpb, default=None)
+    want = g.resolve(best_row.commit) if best_row else base
+    c.bad("inconsistent", int(g.head_sha() != want), "branch head is not the best kept commit")
+    c.bad("inconsistent", int((root / "train.py").read_text() != g.file_at(want, "train.py")), "train.py != best")
+    c.bad("inconsistent", int(g.current_branch() != f"autoresearch/{tag}"), "not on the experiment branch")
+    c.bad("inconsistent", len(g.dirty_paths()), f"dirty tree {g.dirty_paths()}")
+    c.bad("inconsistent", len(set(g.exp_refs(tag)) - set(by_id)), "an experiment ref without a row")
+    hist.observe(root, tag)
+    return c
+
+
+def hook_firings(journal: Path) -> list[tuple]:
+    """(event, key, i) of every 'start' line of the hooks journal."""
+    out = []
+    if journal.exists():
+        for line in journal.read_text(errors="replace").splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("phase") == "start":
+                out.append((e["event"], e["key"], e["i"]))
+    return out
