@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,3 +178,77 @@ def check_files(repo: GitRepo, parent: str, paths: list[str]) -> str | None:
             if reason:
                 return reason
     return None
+
+
+# ------------------------------------------------------------------------------------------ at run time
+
+@dataclass
+class RunWatch:
+    """What a training run must leave alone, taken just before it: .git, the loop's records under runs/<tag>/
+    (with their bytes, to put back), and the harness and data files (content digests / size and mtime)."""
+
+    git: dict[str, bytes]
+    runs: dict[str, tuple[int, int]]
+    backups: dict[str, bytes]
+    files: dict[Path, tuple]
+
+
+def _digest(f: Path, hash_it: bool) -> tuple:
+    st = f.stat()
+    if hash_it:
+        return (hashlib.sha256(f.read_bytes()).hexdigest(),)
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _watched_files(harness_dir: Path, data_dir: Path | None) -> dict[Path, tuple]:
+    out: dict[Path, tuple] = {}
+    for root, hash_it in ((harness_dir, True), (data_dir, False)):
+        if root is None or not root.is_dir():
+            continue
+        for f in root.rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                try:
+                    out[f] = _digest(f, hash_it)
+                except OSError:
+                    continue
+    return out
+
+
+def watch_run(repo: GitRepo, tag_dir: Path, harness_dir: Path, data_dir: Path | None) -> RunWatch:
+    backups = {n: (tag_dir / n).read_bytes() for n in BOOKKEEPING if (tag_dir / n).is_file()}
+    return RunWatch(git_state(repo.git_dir), _runs_files(tag_dir), backups, _watched_files(harness_dir, data_dir))
+
+
+def run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path, own: str) -> str | None:
+    """Why the run does not count because of what it changed outside train.py's own output, or None.
+    `own`: the experiment's folder name under runs/<tag>/ (its log and record are written there)."""
+    now_git = git_state(repo.git_dir)
+    touched = sorted(k for k in set(now_git) | set(w.git) if now_git.get(k) != w.git.get(k))
+    if touched:
+        return f"the run changed .git/{touched[0]}"
+    now_runs = _runs_files(tag_dir)
+    touched = sorted(k for k in set(now_runs) | set(w.runs)
+                     if now_runs.get(k) != w.runs.get(k) and not k.startswith(own + "/"))
+    if touched:
+        return f"the run changed {tag_dir.name}/{touched[0]} under runs/ (the loop's records)"
+    for f, sig in w.files.items():
+        try:
+            now = _digest(f, len(sig) == 1)
+        except OSError:
+            now = None
+        if now != sig:
+            return f"the run changed {f} (the harness and the data must not change at run time)"
+    return None
+
+
+def undo_run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path) -> None:
+    """Put .git and the loop's records back as they were before the run (harness and data cannot be)."""
+    restore_git_state(repo.git_dir, w.git)
+    tag_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in w.backups.items():
+        f = tag_dir / name
+        if not f.is_file() or f.read_bytes() != data:
+            with open(f, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())

@@ -271,6 +271,7 @@ class Loop:
                     if self.proposer is None:
                         raise _Stop("the queue is empty")
                     spec = self.queue.add("propose", {"proposer": self.proposer.name})
+                given_up = self.queue.starts(spec.id) >= MAX_STARTS  # recorded without running; the loop goes on
                 row = self.run_one(spec)
                 if row is None:
                     continue
@@ -278,7 +279,7 @@ class Loop:
                 kept += row.status is Status.KEEP
                 failures = failures + 1 if row.status in FAILURES else 0 if row.status in (
                     Status.KEEP, Status.DISCARD) else failures
-                if row.status is Status.INTERRUPTED:
+                if row.status is Status.INTERRUPTED and not given_up:
                     raise _Stop("interrupted; the experiment is recorded as `interrupted`", interrupted=True)
                 if spec.kind == "baseline" and row.status is not Status.KEEP:
                     raise _Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); fix "

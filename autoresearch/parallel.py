@@ -15,6 +15,7 @@ dispatched before it is decided.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import copy
 import os
 import shutil
@@ -33,7 +34,7 @@ from .executors.local import LocalExecutor, clean_worktree
 from .gitops import short
 from .ledger import Row, Status, now_iso
 from .loop import (DIFF_CAP, FAILURES, MAX_STARTS, Event, Loop, Summary, _Exp, _message, _restore_sigterm,
-                   _sigterm_as_interrupt, _Stop)
+                   _safe_knobs, _sigterm_as_interrupt, _Stop)
 from .queue import Spec
 from .runner import STOP_INTERRUPTED
 
@@ -54,6 +55,26 @@ def make_loop(cfg: RunConfig, *args, **kw) -> Loop:
     if cfg.gpus or cfg.executor == "ray":
         return ParallelLoop(cfg, *args, **kw)
     return Loop(cfg, *args, **kw)
+
+
+BUILTIN_PROPOSERS = ("grid", "random", "strategy")
+
+
+class _FlightRows:
+    """The ledger as a proposer in a slot sees it: every result, then the proposals still in flight (no
+    val_bpb, reason `in flight`), so that two slots do not try the same point."""
+
+    def __init__(self, ledger, flying: dict[int, tuple[dict, str]]):
+        self._ledger, self._flying = ledger, flying
+
+    def rows(self) -> list[Row]:
+        extra = [Row(commit="", val_bpb=None, memory_gb=None, status=Status.DISCARD, exp_id=i,
+                     description=f"(in flight) {desc}", knobs=knobs, reason="in flight")
+                 for i, (knobs, desc) in sorted(dict(self._flying).items())]
+        return self._ledger.rows() + extra
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
 
 
 @dataclass
@@ -79,6 +100,8 @@ class ParallelLoop(Loop):
         self._views: dict[int, ParallelLoop] = {}
         self._hook_lock = threading.Lock()
         self._interrupted_at = 0.0
+        self._propose_lock = threading.Lock()
+        self._flying: dict[int, tuple[dict, str]] = {}   # spec id -> (knobs, description) of proposals in flight
 
     @property
     def slots(self) -> list[Slot]:
@@ -112,6 +135,7 @@ class ParallelLoop(Loop):
             view.root = view.git.root
             view._slot, view._main = slot, self
             view.slot_env = dict(slot.env)
+            view.ledger = _FlightRows(self.ledger, self._flying)
             view._status_at = 0.0
             self.executor.prepare_view(view)
             self._views[slot.index] = view
@@ -265,8 +289,12 @@ class ParallelLoop(Loop):
         view._status_exp(x, "proposing")
         if spec.payload.get("replay"):
             proposal = view._replay(x)
-        else:
-            proposal = view._propose(x)
+        else:   # built-in proposers one at a time, each seeing the others' points in flight as tried
+            builtin = self.proposer is not None and self.proposer.name in BUILTIN_PROPOSERS
+            with self._propose_lock if builtin else contextlib.nullcontext():
+                proposal = view._propose(x)
+                if proposal is not None and not isinstance(proposal, str):
+                    self._flying[spec.id] = (_safe_knobs(view.root / self.train_file), x.description)
         if proposal is None:
             return ("skipped",)
         reason = proposal if isinstance(proposal, str) else None
@@ -304,6 +332,7 @@ class ParallelLoop(Loop):
     def _settle(self, f: _Flight) -> Row | None:
         """Decide and record one finished experiment (None: nothing was recorded, the proposer had nothing)."""
         x = f.x
+        self._flying.pop(x.spec.id, None)
         try:
             outcome = f.future.result()
         except Exception as e:  # a bug or an environment failure in the slot: record it, keep the loop going

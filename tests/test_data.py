@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from autoresearch.errors import DataError
-from autoresearch.harness import data
+from autoresearch.harness import data, download
 from autoresearch.harness.tokenizer import Tokenizer
 
 VOCAB = 300
@@ -228,8 +228,8 @@ class FakeHub:
 
 @pytest.fixture
 def hub(monkeypatch):
-    monkeypatch.setattr(data, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(data, "RETRIES", 3)
+    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(download, "RETRIES", 3)
     files = {}
     rng = np.random.default_rng(0)
     for i in (0, 1, 7):
@@ -298,8 +298,8 @@ def test_climbmix_body_not_parquet(hub, tmp_path):
 
 
 def test_climbmix_offline(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(data, "RETRIES", 1)
+    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(download, "RETRIES", 1)
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

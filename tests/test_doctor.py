@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoresearch import doctor as dr
+from autoresearch import probe as pr
 from autoresearch.cli import app
 from autoresearch.errors import DataError
 from autoresearch.harness import backend
@@ -242,7 +243,7 @@ REF_LOSSES = [9.0, 8.5, 8.0, 7.6, 7.2, 6.9]
 
 
 def result(attn="cudnn", cm=False, co=False, batch=32, tps=1000.0, losses=REF_LOSSES, ok=True, error=None):
-    return dr.ProbeResult(dr.Candidate(attn, cm, co, batch), ok=ok, error=error, losses=list(losses),
+    return pr.ProbeResult(pr.Candidate(attn, cm, co, batch), ok=ok, error=error, losses=list(losses),
                           tokens_per_s=tps if ok else None, mfu=tps / 100 if ok else None)
 
 
@@ -253,15 +254,15 @@ def status(rows):
 def test_choose_picks_the_fastest_correct_path():
     ref = result("efficient", tps=800)
     results = [ref, result("cudnn", tps=1000), result("flash", tps=900), result("cudnn", True, True, tps=1400)]
-    choice, rows = dr.choose(results, ref)
-    assert choice == dr.Candidate("cudnn", True, True, 32)
+    choice, rows = pr.choose(results, ref)
+    assert choice == pr.Candidate("cudnn", True, True, 32)
     assert [r["status"] for r in rows] == ["correct", "correct", "correct", "chosen"]
 
 
 def test_incorrect_is_never_chosen_even_when_fastest():
     ref = result("efficient", tps=500)
     wrong = result("flash", tps=5000, losses=[9.0, 8.5, 8.3, 7.9, 7.5, 7.2])  # drifts by > 2 %
-    choice, rows = dr.choose([ref, wrong, result("cudnn", tps=900)], ref)
+    choice, rows = pr.choose([ref, wrong, result("cudnn", tps=900)], ref)
     assert choice.attention == "cudnn"
     row = rows[1]
     assert row["status"] == "incorrect" and "3.8% at step 2" in row["note"] and row["max_loss_diff"] > 0.02
@@ -271,20 +272,20 @@ def test_later_steps_may_drift_more_than_the_first():
     """Measured on an H200 (batch 64, 10 steps): the compiled model drifts from eager, more with each step."""
     eager = [9.0112, 9.4650, 9.0335, 8.8003, 8.4674, 8.0314, 7.5765, 7.0271, 6.4272, 5.8139]
     compiled = [9.0112, 9.4661, 9.0482, 8.8623, 8.5086, 8.0965, 7.6316, 7.0936, 6.4949, 5.8944]
-    ok, diff, _ = dr.compare(compiled, eager)
+    ok, diff, _ = pr.compare(compiled, eager)
     assert ok and 0.013 < diff < 0.014
     never_learns = eager[:3] + [8.9] * 7
-    ok, _, why = dr.compare(never_learns, eager)
+    ok, _, why = pr.compare(never_learns, eager)
     assert not ok and "at step 5" in why
     early_jump = [9.0112, 9.1, 8.6] + eager[3:]
-    assert not dr.compare(early_jump, eager)[0]
-    assert dr.compare(early_jump, eager, rtol=0.05)[0]
+    assert not pr.compare(early_jump, eager)[0]
+    assert pr.compare(early_jump, eager, rtol=0.05)[0]
 
 
 def test_small_numerical_noise_is_correct():
     ref = result("efficient")
     close = result("cudnn", tps=2000, losses=[v * 1.01 for v in REF_LOSSES])
-    assert dr.choose([ref, close], ref)[0].attention == "cudnn"
+    assert pr.choose([ref, close], ref)[0].attention == "cudnn"
 
 
 def test_alive_but_slow_failed_and_unverified_rows():
@@ -292,9 +293,9 @@ def test_alive_but_slow_failed_and_unverified_rows():
     results = [ref, result("cudnn", tps=1000), result("math", tps=100),
                result("fa3", ok=False, error="TrainFailure: needs flash_attn_interface"),
                result("cudnn", batch=64, tps=3000),  # no reference at batch 64
-               dr.ProbeResult(dr.Candidate("flash", True, True, 32), ok=False, skipped="time budget of 180 s spent")]
-    choice, rows = dr.choose(results, {32: ref})
-    assert choice == dr.Candidate("cudnn", False, False, 32)
+               pr.ProbeResult(pr.Candidate("flash", True, True, 32), ok=False, skipped="time budget of 180 s spent")]
+    choice, rows = pr.choose(results, {32: ref})
+    assert choice == pr.Candidate("cudnn", False, False, 32)
     assert [r["status"] for r in rows] == ["alive but slow", "chosen", "alive but slow", "failed", "unverified",
                                            "skipped"]
     assert "40% of the best" in rows[0]["note"] and "flash_attn_interface" in rows[3]["note"]
@@ -305,19 +306,19 @@ def test_a_tie_goes_to_the_defaults():
     both = result("cudnn", True, True, batch=128, tps=1_541_926)
     eager_opt = result("cudnn", True, False, batch=128, tps=1_544_603)
     ref = result("efficient", batch=128, tps=543_479)
-    assert dr.choose([ref, both, eager_opt], ref)[0] == eager_opt.candidate
-    assert dr.choose([ref, both, eager_opt], ref, prefer=(both.candidate,))[0] == both.candidate
+    assert pr.choose([ref, both, eager_opt], ref)[0] == eager_opt.candidate
+    assert pr.choose([ref, both, eager_opt], ref, prefer=(both.candidate,))[0] == both.candidate
     slower_default = result("cudnn", True, True, batch=128, tps=1_400_000)
-    assert dr.choose([ref, slower_default, eager_opt], ref, prefer=(slower_default.candidate,))[0] == \
+    assert pr.choose([ref, slower_default, eager_opt], ref, prefer=(slower_default.candidate,))[0] == \
         eager_opt.candidate
 
 
 def test_nan_losses_and_a_failed_reference():
     ref = result("efficient")
     nan = result("cudnn", tps=9000, losses=[9.0, float("nan"), 8.0, 7.6, 7.2, 6.9])
-    assert dr.choose([ref, nan], ref)[0] == ref.candidate
+    assert pr.choose([ref, nan], ref)[0] == ref.candidate
     broken_ref = result("efficient", ok=False, error="OOM")
-    choice, rows = dr.choose([broken_ref, result("cudnn")], broken_ref)
+    choice, rows = pr.choose([broken_ref, result("cudnn")], broken_ref)
     assert choice is None and rows[1]["status"] == "unverified"
 
 
@@ -338,12 +339,12 @@ class FakeGpu:
         took = min(self.seconds, timeout)
         self.now += took
         if took < self.seconds:
-            return dr.ProbeResult(c, ok=False, error=f"timed out after {timeout:.0f} s")
+            return pr.ProbeResult(c, ok=False, error=f"timed out after {timeout:.0f} s")
         if c in self.fails or c.attention in self.fails:
-            return dr.ProbeResult(c, ok=False, error="RuntimeError: boom")
+            return pr.ProbeResult(c, ok=False, error="RuntimeError: boom")
         losses = [v + (0.5 if c in self.wrong else 0.0) for v in REF_LOSSES]
         tps = self.speed(c)
-        return dr.ProbeResult(c, ok=True, losses=losses, tokens_per_s=tps, mfu=tps / 1e4)
+        return pr.ProbeResult(c, ok=True, losses=losses, tokens_per_s=tps, mfu=tps / 1e4)
 
 
 def speed(c):
@@ -351,33 +352,33 @@ def speed(c):
     return base * (1.3 if c.compile_model else 1) * (1.1 if c.compile_optimizer else 1) * (c.device_batch / 32) ** 0.2
 
 
-DEFAULT = dr.Candidate("cudnn", True, True, 64)
+DEFAULT = pr.Candidate("cudnn", True, True, 64)
 
 
 def test_probe_search_finds_the_fastest_correct_path_and_runs_the_defaults():
     gpu = FakeGpu(speed, fails={"fa3"})
-    report = dr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
+    report = pr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
     ran = [c for c, _ in gpu.calls]
-    assert ran[0] == dr.Candidate("efficient", False, False, 32)  # the reference comes first
-    assert DEFAULT in ran and dr.Candidate("math", False, False, 32) == ran[-1]
-    assert report.choice == dr.Candidate("cudnn", True, True, 128)
+    assert ran[0] == pr.Candidate("efficient", False, False, 32)  # the reference comes first
+    assert DEFAULT in ran and pr.Candidate("math", False, False, 32) == ran[-1]
+    assert report.choice == pr.Candidate("cudnn", True, True, 128)
     rows = status(report.rows)
-    assert rows[dr.Candidate("fa3", False, False, 32).label] == "failed"
-    assert rows[dr.Candidate("math", False, False, 32).label] == "alive but slow"
+    assert rows[pr.Candidate("fa3", False, False, 32).label] == "failed"
+    assert rows[pr.Candidate("math", False, False, 32).label] == "alive but slow"
     assert len(ran) == len(set(ran))  # nothing measured twice
 
 
 def test_probe_search_never_picks_a_wrong_fast_path():
-    fast_wrong = dr.Candidate("cudnn", True, True, 32)
+    fast_wrong = pr.Candidate("cudnn", True, True, 32)
     gpu = FakeGpu(speed, wrong={fast_wrong}, fails={"fa3"})
-    report = dr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
+    report = pr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
     assert status(report.rows)[fast_wrong.label] == "incorrect"
-    assert report.choice == dr.Candidate("cudnn", True, False, 128)  # the best correct one
+    assert report.choice == pr.Candidate("cudnn", True, False, 128)  # the best correct one
 
 
 def test_probe_search_respects_its_budget():
     gpu = FakeGpu(speed, seconds=25.0)
-    report = dr.run_probe(gpu, DEFAULT, budget_s=100, clock=gpu.clock, min_start=10)
+    report = pr.run_probe(gpu, DEFAULT, budget_s=100, clock=gpu.clock, min_start=10)
     assert gpu.now <= 100
     assert all(timeout <= 100 - start for (_, timeout), start in zip(gpu.calls, gpu.starts))
     skipped = [r for r in report.rows if r["status"] == "skipped"]
@@ -388,7 +389,7 @@ def test_probe_search_respects_its_budget():
 
 def test_a_run_cut_short_by_the_budget_is_skipped_not_failed():
     gpu = FakeGpu(speed, seconds=40.0)
-    report = dr.run_probe(gpu, DEFAULT, budget_s=100, clock=gpu.clock, min_start=10)
+    report = pr.run_probe(gpu, DEFAULT, budget_s=100, clock=gpu.clock, min_start=10)
     assert [timeout for _, timeout in gpu.calls] == [100, 60, 20] and gpu.now == 100
     assert [r["status"] for r in report.rows][:3] == ["correct", "chosen", "skipped"]
     assert "cut short" in report.rows[2]["note"]
@@ -396,15 +397,15 @@ def test_a_run_cut_short_by_the_budget_is_skipped_not_failed():
 
 def test_probe_search_without_a_working_reference():
     gpu = FakeGpu(speed, fails={"efficient", "math"})
-    report = dr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
+    report = pr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
     assert report.choice is None and "reference step failed" in report.notes[0]
     assert len(gpu.calls) == 2  # efficient, then math as the fallback reference; nothing else is measurable
 
 
 def test_probe_search_stops_growing_the_batch_when_the_reference_fails():
-    big_ref = dr.Candidate("efficient", False, False, 128)
-    gpu = FakeGpu(speed, fails={big_ref, dr.Candidate("math", False, False, 128)})
-    report = dr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
+    big_ref = pr.Candidate("efficient", False, False, 128)
+    gpu = FakeGpu(speed, fails={big_ref, pr.Candidate("math", False, False, 128)})
+    report = pr.run_probe(gpu, DEFAULT, budget_s=1000, clock=gpu.clock)
     assert report.choice.device_batch == 64
     assert any("does not run at batch 128" in n for n in report.notes)
 
@@ -430,12 +431,12 @@ FAKE_TRAIN = textwrap.dedent("""
 def test_subprocess_execute_reads_results_failures_and_timeouts(tmp_path):
     train = tmp_path / "train.py"
     train.write_text(FAKE_TRAIN)
-    execute = dr.subprocess_execute(train)
-    ok = execute(dr.Candidate("cudnn", True, False, 4), timeout=30)
+    execute = pr.subprocess_execute(train)
+    ok = execute(pr.Candidate("cudnn", True, False, 4), timeout=30)
     assert ok.ok and ok.tokens_per_s == 18000 and ok.losses[0] == 9.0 and ok.peak_vram_mb == 400
-    died = execute(dr.Candidate("fa3", False, False, 4), timeout=30)
+    died = execute(pr.Candidate("fa3", False, False, 4), timeout=30)
     assert not died.ok and died.error.startswith("exit 3")
-    hung = execute(dr.Candidate("math", False, False, 4), timeout=1)
+    hung = execute(pr.Candidate("math", False, False, 4), timeout=1)
     assert not hung.ok and "timed out" in hung.error and hung.seconds < 10
 
 
@@ -444,10 +445,10 @@ def test_probe_end_to_end_with_a_fake_train_py(tmp_path):
     (tmp_path / "train.py").write_text(FAKE_TRAIN)
     facts = replace(GPU_FACTS, gpu=replace(H200, vram_mb=8 * 1024))  # default batch 8: small fake numbers
     seen = []
-    report = dr.probe(tmp_path, budget_s=60, cache=tmp_path / "cache", facts=facts, progress=seen.append,
+    report = pr.probe(tmp_path, budget_s=60, cache=tmp_path / "cache", facts=facts, progress=seen.append,
                       per_run_cap=1.5, min_start=0.5)  # the hanging math candidate costs 1.5 s
     assert [r.candidate.label for r in seen] == [row["label"] for row in report.rows]
-    assert report.choice == dr.Candidate("cudnn", True, True, 16)
+    assert report.choice == pr.Candidate("cudnn", True, True, 16)
     chosen = backend.resolve("auto", "auto", "auto", device_name="NVIDIA H200", cache=tmp_path / "cache",
                              capability=(9, 0), vram_mb=8 * 1024, version=facts.version)
     assert chosen["source"]["attention"] == "probe" and chosen["device_batch"] == 16
@@ -458,13 +459,13 @@ def test_probe_end_to_end_with_a_fake_train_py(tmp_path):
 
 
 def test_probe_without_gpu_returns_none(tmp_path):
-    assert dr.probe(tmp_path, facts=CPU_FACTS) is None
+    assert pr.probe(tmp_path, facts=CPU_FACTS) is None
 
 
 def test_probe_refuses_a_train_py_without_probe_step(tmp_path):
     (tmp_path / "train.py").write_text("print('old')\n")
     with pytest.raises(Exception, match="no probe_step"):
-        dr.probe(tmp_path, facts=GPU_FACTS)
+        pr.probe(tmp_path, facts=GPU_FACTS)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from . import app, console
 from .. import doctor as dr
+from .. import probe as pr
 from ..config import load_config
 from ..workspace import init_workspace
 
@@ -38,7 +39,7 @@ def doctor(
     checks = dr.run_checks(repo, dataset=cfg.dataset, agent=cfg.agent, profile=cfg.profile)
     if not as_json:
         _print_checks(checks)
-    report = dr.probe(repo, budget_s=probe_budget, progress=None if as_json else _print_result) if probe else None
+    report = pr.probe(repo, budget_s=probe_budget, progress=None if as_json else _print_result) if probe else None
     if as_json:
         console.out(json.dumps(dr.as_json(checks, probe, report)))
     elif report is not None:
@@ -70,13 +71,13 @@ def _short(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _print_result(r: dr.ProbeResult) -> None:
+def _print_result(r: pr.ProbeResult) -> None:
     outcome = (f"{r.tokens_per_s:,.0f} tokens/s" if r.ok and r.tokens_per_s else
                r.skipped or _short(r.error or "failed", 60))
     console.print(f"  probe: {r.candidate.label}: {outcome}", highlight=False, soft_wrap=True)
 
 
-def _print_probe(report: dr.ProbeReport) -> None:
+def _print_probe(report: pr.ProbeReport) -> None:
     table = Table("candidate", "tokens/s", "MFU", "VRAM MB", "Δloss", "status", "why",
                   title=f"probe ({report.seconds:.0f} s)", title_justify="left")
     num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731

@@ -64,6 +64,20 @@ class LiveView:
                       f"branch {s.branch}", highlight=False)
 
 
+GpusOpt = Annotated[Optional[str], typer.Option(help="Slots: GPU indices 0,1,…, all, or cpu:N (N slots without a "
+                                                   "GPU); with --executor ray: ray:N experiments in flight.")]
+StaleOpt = Annotated[Optional[str], typer.Option(help="A win whose parent is no longer the best: rerun (on the new "
+                                                      "best, default) or record (as stale).")]
+ExecutorOpt = Annotated[Optional[str], typer.Option(help="local (this machine's slots) or ray (a Ray cluster; "
+                                                         "pip install 'autoresearch[ray]').")]
+AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (with --executor ray).")]
+
+
+def scale_out(gpus: str | None, stale_policy: str | None, executor: str | None, address: str | None) -> dict:
+    """The several-GPU flags as config overrides."""
+    return {"gpus": gpus, "stale_policy": stale_policy, "executor": executor, "ray_address": address}
+
+
 @app.command()
 def run(
     repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
@@ -81,10 +95,15 @@ def run(
                                                               "keep threshold.")] = 0,
     max_consecutive_crashes: Annotated[Optional[int], typer.Option(min=1, help="Stop after N failures in a row "
                                                                                "(default 5).")] = None,
+    gpus: GpusOpt = None,
+    stale_policy: StaleOpt = None,
+    executor: ExecutorOpt = None,
+    address: AddressOpt = None,
 ) -> None:
     """Propose, commit, train for a fixed budget, measure val_bpb, keep or revert — until a limit."""
     cfg = load_config(config, {"proposer": proposer, "agent": agent, "time_budget": time_budget,
-                               "max_consecutive_crashes": max_consecutive_crashes})
+                               "max_consecutive_crashes": max_consecutive_crashes, **scale_out(
+                                   gpus, stale_policy, executor, address)})
     view = LiveView()
     loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,
                  command="ar " + " ".join(sys.argv[1:]))
@@ -101,6 +120,8 @@ def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.p
     console.print(_holder_line(st), highlight=False)
     if st["tag"]:
         console.print(_experiment_line(st), highlight=False)
+        for line in _slot_lines(st):
+            console.print(line, highlight=False)
         b = st["best"]
         counts = ", ".join(f"{n} {k}" for k, n in sorted(st["counts"].items())) or "no results yet"
         console.print(f"best: {_bpb(b['val_bpb'])} val_bpb at {b['commit']} ({b['description']})" if b else
@@ -127,3 +148,20 @@ def _experiment_line(st: dict) -> str:
         line += (f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, tok/s {p['tokens_per_s']:,.0f}, "
                  f"mfu {mfu}, {p['remaining_s']}s left")
     return line
+
+
+def _slot_lines(st: dict) -> list[str]:
+    """One line per slot (several GPUs or Ray): which experiment, how far, on which GPU or node."""
+    slots = (st["status"] or {}).get("slots") or []
+    out = []
+    for sl in slots if st["running"] else []:
+        where = sl["label"] + (f" on {sl['node']}" if sl.get("node") else "")
+        x, p = sl.get("experiment"), sl.get("step")
+        if not x:
+            out.append(f"  {where}: idle")
+            continue
+        line = f"  {where}: experiment {x['id']:04d} ({x['kind']}, {x['phase']}) {x.get('description') or ''}".rstrip()
+        if p and x["phase"] == "training":
+            line += f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, {p['remaining_s']}s left"
+        out.append(line)
+    return out

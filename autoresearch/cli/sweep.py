@@ -12,7 +12,7 @@ from rich.table import Table
 from . import app, console
 from .. import sweep as sw
 from ..config import load_config
-from .run import LiveView
+from .run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
 
 
 @app.command()
@@ -25,9 +25,13 @@ def sweep(
     early_stop: Annotated[bool, typer.Option(help="Prune points clearly worse at equal progress.")] = False,
     validate_top: Annotated[int, typer.Option(min=0, help="Re-run the best K points with other seeds.")] = 0,
     retry_crashed: Annotated[bool, typer.Option(help="Run crashed points again.")] = False,
+    gpus: GpusOpt = None,
+    stale_policy: StaleOpt = None,
+    executor: ExecutorOpt = None,
+    address: AddressOpt = None,
 ) -> None:
     """Run a sweep file: each point a commit on autoresearch/sweep-<name>; a second call resumes it."""
-    cfg = load_config(config)
+    cfg = load_config(config, scale_out(gpus, stale_policy, executor, address))
     plan = sw.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
     table = Table("#", "state", "budget", "point", title=f"plan ({order or plan.sweep.order})", title_justify="left")
     for row in plan.rows():

@@ -15,7 +15,7 @@ Sources:
 - `climbmix`: parquet shards of karpathy/climbmix-400b-shuffle from the Hugging Face hub, as upstream
   autoresearch takes them: `shard_00000.parquet` ... `shard_06542.parquet`, the first `num_shards` (default 10)
   for training and the last one, `shard_06542`, pinned for validation. Base URL, shard count and validation
-  shard are parameters, in case the hub layout changes.
+  shard are parameters, in case the hub layout changes. `download.py` fetches them (resumed, retried, checked).
 - `files`: a folder of `.parquet` (a `text` column), `.jsonl` (a `text` field per line) or `.txt` (one document
   per file), read in sorted path order.
 - `builtin`: the running Python's standard library sources (offline, deterministic for a given Python).
@@ -38,17 +38,16 @@ import site
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import requests
 
 from ..errors import DataError
+from .download import Progress, download, download_all, one_line  # noqa: F401  (download: re-exported)
 from .tokenizer import MAX_VOCAB, MIN_VOCAB, Tokenizer
 
 SOURCES = ("climbmix", "files", "builtin", "builtin-site")
@@ -57,17 +56,12 @@ FORMAT = 1                                   # bump when the tokenized layout ch
 CLIMBMIX_BASE_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
 CLIMBMIX_TRAIN_SHARDS = 10                   # upstream's default download
 CLIMBMIX_VAL_SHARD = 6542                    # the last shard, pinned for validation
-RETRIES = 5                                  # download attempts after the first
-BACKOFF_S = 1.0                              # first retry delay; doubles each attempt
-TIMEOUT_S = 60.0
 
 VAL_FRACTION = 0.05
 DOC_MAX_CHARS = 4000                         # ~1k tokens: small enough for best-fit to fill 2048-rows
 TOKENIZER_SAMPLE_CHARS = 200_000_000         # BPE is trained on this much training text at most
 RAW_SHARD_CHARS = 256_000_000
 ENCODE_BATCH_CHARS = 16_000_000
-
-Progress = Callable[[str], None]
 
 
 def dataset_dir(cache: Path, name: str) -> Path:
@@ -159,7 +153,7 @@ def _tok_problem(tok: Path) -> str | None:
             if idx.shape != (counts["docs"] + 1,):
                 return f"{split}.idx.npy has {idx.shape[0]} entries, meta.json says {counts['docs'] + 1}"
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{tok} is corrupt: {_one_line(e)}"
+        return f"{tok} is corrupt: {one_line(e)}"
     return None
 
 
@@ -175,11 +169,6 @@ def _prepare_hint(cache: Path, name: str, vocab_size: int) -> str:
     return f"ar prepare builtin --vocab-size {vocab_size}` (or `ar prepare files --path DIR --name {name}"
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
 # ---- raw text: reading -------------------------------------------------------------------------------------
 
 def parquet_texts(path: Path) -> Iterator[str]:
@@ -189,7 +178,7 @@ def parquet_texts(path: Path) -> Iterator[str]:
         schema = pf.schema_arrow
         names = schema.names
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path} is not a readable parquet file, corrupt or truncated ({_one_line(e)}); "
+        raise DataError(f"{path} is not a readable parquet file, corrupt or truncated ({one_line(e)}); "
                         "delete or replace it and run `ar prepare` again") from None
     if "text" not in names:
         raise DataError(f"{path} has no `text` column (it has: {', '.join(names) or 'none'}); "
@@ -203,7 +192,7 @@ def parquet_texts(path: Path) -> Iterator[str]:
                 if t:
                     yield t
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path} is corrupt or truncated ({_one_line(e)}); "
+        raise DataError(f"{path} is corrupt or truncated ({one_line(e)}); "
                         "delete or replace it and run `ar prepare` again") from None
 
 
@@ -433,7 +422,7 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-# ---- climbmix: download ------------------------------------------------------------------------------------
+# ---- climbmix: shards --------------------------------------------------------------------------------------
 
 def shard_name(i: int) -> str:
     return f"shard_{i:05d}.parquet"
@@ -461,111 +450,6 @@ def _climbmix_raw(ddir: Path, *, num_shards: int | None, base_url: str | None, v
     if _read_raw(ddir) != raw:
         _write_json(ddir / "raw.json", raw)
     return raw
-
-
-class _Retry(Exception):
-    """A failure worth another attempt: 5xx, 429, a dropped connection, a truncated or unreadable body."""
-
-
-def download_all(jobs: list[tuple[str, Path]], *, workers: int = 8, say: Progress | None = None) -> None:
-    """Download (url, dest) pairs in parallel; the first failure stops the others and is raised."""
-    stop = threading.Event()
-    done = 0
-    with ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:  # a Session per download: not thread-safe
-        futures = [pool.submit(download, url, dest, stop=stop) for url, dest in jobs]
-        try:
-            for fut in as_completed(futures):
-                fut.result()
-                done += 1
-                if say:
-                    say(f"downloaded {done}/{len(jobs)}")
-        except BaseException:
-            stop.set()
-            for f in futures:
-                f.cancel()
-            raise
-
-
-def download(url: str, dest: Path, *, session: requests.Session | None = None,
-             stop: threading.Event | None = None) -> None:
-    """Fetch `url` to `dest` through `dest.part`: resumes a partial file with an HTTP Range request, retries
-    5xx/429/connection errors/truncated bodies with exponential backoff, checks the parquet footer, then
-    renames into place."""
-    if dest.is_file():
-        return
-    own = session is None
-    session = session or requests.Session()
-    part = dest.with_name(dest.name + ".part")
-    answered = [False]  # did the host ever answer? if not, we are probably offline
-    last: BaseException | None = None
-    try:
-        for attempt in range(RETRIES + 1):
-            if stop is not None and stop.is_set():
-                raise DataError(f"download of {url} stopped after another download failed")
-            if attempt:
-                time.sleep(BACKOFF_S * 2 ** (attempt - 1))
-            try:
-                _fetch_once(session, url, part, answered)
-                _check_download(part)
-                os.replace(part, dest)
-                return
-            except (_Retry, requests.RequestException) as e:  # RequestException: refused, timed out, cut off
-                last = e
-    finally:
-        if own:
-            session.close()
-    if not answered[0]:
-        raise DataError(f"cannot reach {urlparse(url).netloc}: the network is unreachable ({_one_line(last)}); "
-                        "`ar prepare builtin` works offline")
-    raise DataError(f"download of {url} failed after {RETRIES + 1} attempts ({_one_line(last)}); "
-                    "run the same command again to resume")
-
-
-def _fetch_once(session: requests.Session, url: str, part: Path, answered: list[bool]) -> None:
-    have = part.stat().st_size if part.is_file() else 0
-    headers = {"Accept-Encoding": "identity"}
-    if have:
-        headers["Range"] = f"bytes={have}-"
-    with session.get(url, headers=headers, stream=True, timeout=TIMEOUT_S) as r:
-        answered[0] = True
-        code = r.status_code
-        if code == 404:
-            raise DataError(f"{url} does not exist (HTTP 404); check --base-url and --shards")
-        if code == 416:  # our partial file is not a prefix the server knows: start over
-            part.unlink(missing_ok=True)
-            raise _Retry("HTTP 416 for a resumed download")
-        if code == 429 or code >= 500:
-            raise _Retry(f"HTTP {code} {r.reason}")
-        if code >= 400:
-            raise DataError(f"{url}: HTTP {code} {r.reason}; check the URL and your access to it")
-        length = r.headers.get("Content-Length")
-        if code == 206 and _range_start(r.headers.get("Content-Range")) == have:
-            mode, expected = "ab", have + int(length) if length else None
-        else:  # the server ignored or mangled the Range: take the whole body
-            mode, expected = "wb", int(length) if length else None
-        with open(part, mode) as f:
-            for chunk in r.iter_content(1 << 16):  # small: a cut-off read loses at most one chunk
-                f.write(chunk)
-    size = part.stat().st_size
-    if expected is not None and size != expected:
-        raise _Retry(f"truncated body: {size} of {expected} bytes")
-
-
-def _range_start(content_range: str | None) -> int | None:
-    try:  # "bytes 100-999/1000"
-        return int(content_range.split()[1].split("-")[0])  # type: ignore[union-attr]
-    except (AttributeError, IndexError, ValueError):
-        return None
-
-
-def _check_download(part: Path) -> None:
-    try:
-        names = pq.ParquetFile(part).schema_arrow.names
-    except (pa.ArrowException, OSError) as e:
-        part.unlink(missing_ok=True)
-        raise _Retry(f"downloaded file is not a readable parquet file ({_one_line(e)})") from None
-    if "text" not in names:
-        raise DataError(f"downloaded {part.name[:-5]} has no `text` column; check --base-url")
 
 
 # ---- tokenizing --------------------------------------------------------------------------------------------

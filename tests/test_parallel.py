@@ -1,0 +1,214 @@
+"""Several slots on CPU: real temp repos, real subprocesses, the scripted train stand-in.
+
+Two slots run two experiments at once; decisions go in dispatch order even when a later run finishes first;
+a win on a parent that is no longer the best is re-run on the new best (or recorded `stale`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autoresearch.cli import app
+from autoresearch.config import load_config
+from autoresearch.errors import ConfigError, GpuError, LockHeld
+from autoresearch.executors import Slot, parse_gpus
+from autoresearch.executors.local import LocalExecutor
+from autoresearch.gitops import GitRepo
+from autoresearch.harness.env import default_cache
+from autoresearch.ledger import Status, read_results
+from autoresearch.lock import RepoLock, gpu_lock_path
+from autoresearch.loop import read_status
+from autoresearch.parallel import ParallelLoop
+from autoresearch.proposers.search import StrategyProposer
+
+from test_loop import _isolated, assert_consistent, cfg, make_repo, statuses  # noqa: F401  (autouse fixture)
+
+
+def window(root: Path, row, tag: str = "t") -> tuple[float, float]:
+    """(start, finish) of one run: the stand-in's own start stamp and the evaluator record's time."""
+    d = root / "runs" / tag / f"{row.exp_id:04d}-{row.commit}"
+    start = float(re.search(r"started (\d+\.\d+)", (d / "train.log").read_text()).group(1))
+    return start, json.loads((d / "record.json").read_text())["written_at"]
+
+
+def test_parse_gpus():
+    assert parse_gpus("cpu:2") == [Slot(0, None, "cpu"), Slot(1, None, "cpu")]
+    assert [s.gpu for s in parse_gpus("0,3", probe=False)] == [0, 3]
+    assert parse_gpus("cpu:2")[1].env == {"CUDA_VISIBLE_DEVICES": ""}
+    assert Slot(1, 3).env == {"CUDA_VISIBLE_DEVICES": "3"} and Slot(1, 3).label == "GPU 3"
+    for bad, msg in (("0,0", "twice"), ("gpu", "GPU indices"), ("cpu:0", "1 to 64")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_gpus(bad, probe=False)
+
+
+def test_gpus_not_on_this_machine(monkeypatch):
+    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0])
+    with pytest.raises(GpuError, match="GPU 1 is not on this machine.*cpu:N"):
+        parse_gpus("1")
+    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [])
+    with pytest.raises(GpuError, match="lists no GPU"):
+        parse_gpus("all")
+
+
+def test_config_keys(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("gpus: [0, 1]\nstale_policy: record\n")
+    c = load_config(f)
+    assert c.gpus == "0,1" and c.stale_policy == "record"
+    f.write_text("stale_policy: merge\n")
+    with pytest.raises(ConfigError, match="stale_policy .* must be rerun or record"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="--gpus|gpus"):
+        load_config(None, {"gpus": "zero"})
+
+
+def test_two_slots_run_at_once(tmp_path):
+    root = make_repo(tmp_path)
+    with ParallelLoop(cfg(gpus="cpu:2", time_budget=1.5), root, "t") as lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18})
+        lp.enqueue_knobs({"LR_MULT": 1.5})
+        s = lp.run()
+    assert statuses(root) == ["keep", "keep", "discard"], s
+    rows = assert_consistent(root)
+    (a0, a1), (b0, b1) = window(root, rows[1]), window(root, rows[2])
+    assert a0 < b1 and b0 < a1, "the two experiments did not overlap in time"
+    assert min(a1, b1) - max(a0, b0) > 1.0
+    wt = root / "runs" / "t" / "worktrees"
+    assert sorted(p.name for p in wt.iterdir()) == ["slot-0", "slot-1"]
+    assert GitRepo(root).dirty_paths() == [] and not GitRepo(root).untracked()
+    log = (root / "runs" / "t" / f"0002-{rows[1].commit}" / "train.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=''" in log          # a CPU slot sees no GPU
+    assert rows[2].parent == rows[0].commit          # both proposals started from the baseline
+
+
+def test_decisions_in_dispatch_order_and_stale_win_rerun(tmp_path):
+    # A (dispatched first) finishes last and wins; B (finished first) beats A too, but its parent is the
+    # baseline: recorded stale and re-run on top of A, where it wins again.
+    root = make_repo(tmp_path)
+    events = []
+    with ParallelLoop(cfg(gpus="cpu:2"), root, "t", on_event=lambda e: events.append(e)) as lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "START_DELAY": 2.5}, description="A")
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**17}, description="B")
+        lp.run()
+    rows = assert_consistent(root)
+    assert [(r.exp_id, r.description, r.status.value) for r in rows] == [
+        (1, "baseline", "keep"), (2, "A", "keep"), (3, "B", "stale"), (4, "B", "keep")]
+    assert window(root, rows[2])[1] < window(root, rows[1])[1], "B should have finished before A"
+    assert "no longer the best" in rows[2].reason and "experiment 0004" in rows[2].reason
+    assert rows[2].val_bpb == 1.0 and rows[3].parent == rows[1].commit and rows[3].val_bpb == 1.0
+    results = [e.row.exp_id for e in events if e.kind == "result"]
+    assert results == [1, 2, 3, 4]
+    knobs = GitRepo(root).file_at(GitRepo(root).head_sha(), "train.py")
+    assert "TOTAL_BATCH_SIZE = 2**17" in knobs and "START_DELAY = 2.5" in knobs
+
+
+def test_stale_policy_record(tmp_path):
+    root = make_repo(tmp_path)
+    with ParallelLoop(cfg(gpus="cpu:2", stale_policy="record"), root, "t") as lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "START_DELAY": 2.5}, description="A")
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**17}, description="B")
+        s = lp.run()
+    assert statuses(root) == ["keep", "keep", "stale"]
+    assert "stale_policy: record" in read_results(root / "runs" / "t" / "results.tsv")[2].reason
+    assert s.best.description == "A"
+    assert_consistent(root)
+
+
+def test_failures_and_rejections_in_slots(tmp_path):
+    root = make_repo(tmp_path)
+    with ParallelLoop(cfg(gpus="cpu:2"), root, "t") as lp:
+        lp.enqueue_knobs({"FAIL_MODE": "crash"})
+        lp.enqueue_knobs({"FAIL_MODE": "write_tracked"})
+        lp.enqueue_knobs({"DEPTH": 9})
+        lp.run()
+    assert statuses(root) == ["keep", "crash", "crash", "discard"]
+    rows = assert_consistent(root)
+    assert "program.md" in rows[2].reason
+
+
+def test_builtin_proposer_does_not_repeat_a_point_in_flight(tmp_path):
+    root = make_repo(tmp_path)
+    lp = ParallelLoop(cfg(gpus="cpu:3"), root, "t", StrategyProposer())
+    s = lp.run(max_experiments=7)
+    rows = assert_consistent(root)
+    assert s.experiments == 7 and len(rows) == 7
+    points = [json.dumps(r.knobs, sort_keys=True) for r in rows]
+    assert len(set(points)) == len(points), "two slots tried the same point"
+
+
+def test_gpu_slots_pin_and_lock(tmp_path):
+    root = make_repo(tmp_path)
+    held = RepoLock(gpu_lock_path(default_cache(), 1), tag="other", command="ar run --gpus 1", label="on GPU 1")
+    held.acquire()
+    try:
+        with pytest.raises(LockHeld, match="on GPU 1: pid"):
+            ParallelLoop(cfg(gpus="cpu:2"), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 1)])).open()
+        assert read_status(root)["holder"] is None      # the repo lock was given back too
+    finally:
+        held.release()
+    lp = ParallelLoop(cfg(gpus="cpu:2"), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 1)]))
+    with lp:
+        lp.enqueue_knobs({"DEPTH": 9})
+        with pytest.raises(LockHeld, match="on GPU 0"):
+            RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x", label="on GPU 0").acquire()
+        lp.run()
+    logs = {p.parent.name: p.read_text() for p in (root / "runs" / "t").glob("000*/train.log")}
+    devices = sorted(re.search(r"CUDA_VISIBLE_DEVICES='(\d)'", t).group(1) for t in logs.values())
+    assert devices == ["0", "1"] or devices == ["0", "0"]   # the baseline ran alone on slot 0
+    assert RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x").acquire() is None
+
+
+def test_status_shows_every_slot(tmp_path):
+    root = make_repo(tmp_path)
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=3.0), root, "t")
+    seen: list[dict] = []
+
+    def watch():
+        while not done.is_set():
+            st = read_status(root)
+            slots = (st.get("status") or {}).get("slots") or []
+            if sum(1 for s in slots if s["experiment"] and s["experiment"]["phase"] == "training" and s["step"]) == 2:
+                seen.append(st)
+                r = CliRunner().invoke(app, ["status", "--repo", str(root)], terminal_width=200)
+                seen.append({"out": r.output})
+                return
+            time.sleep(0.1)
+
+    done = threading.Event()
+    with lp:
+        lp.enqueue_knobs({"DEPTH": 9})
+        lp.enqueue_knobs({"DEPTH": 7})
+        t = threading.Thread(target=watch)
+        t.start()
+        lp.run()
+        done.set()
+        t.join()
+    assert seen, "never saw both slots training"
+    out = seen[1]["out"]
+    assert "cpu slot 0: experiment 000" in out and "cpu slot 1: experiment 000" in out and "step" in out, out
+
+
+def test_cli_run_and_sweep_with_gpus(tmp_path):
+    root = make_repo(tmp_path)
+    conf = tmp_path / "run.yaml"
+    conf.write_text("profile: cpu\nprepare_data: false\ntime_budget: 1\nstartup_allowance: 10\n")
+    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--tag", "t", "--gpus", "cpu:2", "--max-experiments",
+                                 "3", "--config", str(conf)], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "2 slots (cpu slot 0, cpu slot 1)" in r.output
+    assert len(statuses(root)) == 3
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: two\naxes:\n  DEPTH: [7, 9]\n  LR_MULT: [1.0, 1.5]\norder: listed\n")
+    r = CliRunner().invoke(app, ["sweep", str(sweep), "--repo", str(root), "--config", str(conf), "--gpus", "cpu:2"],
+                           terminal_width=200)
+    assert r.exit_code == 0, r.output
+    rows = read_results(root / "runs" / "sweep-two" / "results.tsv")
+    assert len(rows) >= 4 and {r.status for r in rows} <= {Status.KEEP, Status.DISCARD, Status.STALE}
+    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--tag", "u", "--gpus", "0,0"], terminal_width=200)
+    assert r.exit_code != 0 and "GPU 0 is listed twice" in str(r.exception)
