@@ -220,7 +220,7 @@ def watch_run(repo: GitRepo, tag_dir: Path, harness_dir: Path, data_dir: Path | 
 
 
 def run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path, own: str) -> str | None:
-    """Why the run does not count because of what it changed outside train.py's own output, or None.
+    """What the run changed in .git or the loop's records (undo_run_changes puts them back), or None.
     `own`: the experiment's folder name under runs/<tag>/ (its log and record are written there)."""
     now_git = git_state(repo.git_dir)
     touched = sorted(k for k in set(now_git) | set(w.git) if now_git.get(k) != w.git.get(k))
@@ -231,6 +231,11 @@ def run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path, own: str) -> str | No
                      if now_runs.get(k) != w.runs.get(k) and not k.startswith(own + "/"))
     if touched:
         return f"the run changed {tag_dir.name}/{touched[0]} under runs/ (the loop's records)"
+    return None
+
+
+def integrity_changes(w: RunWatch) -> str | None:
+    """Which harness or data file the run changed (it cannot be put back), or None."""
     for f, sig in w.files.items():
         try:
             now = _digest(f, len(sig) == 1)

@@ -19,7 +19,7 @@ from pathlib import Path
 import filelock
 import psutil
 
-from .errors import LockHeld
+from .errors import ArError, LockHeld
 
 # A competitor that probes the lock (read_holder) holds it for microseconds; waiting this long before
 # giving up keeps such a probe from turning into a false "already running".
@@ -149,6 +149,9 @@ class RepoLock:
                     raise LockHeld(f"ar is already running {self.label}: {describe(holder)}; "
                                    "wait for it or stop it") from None
                 time.sleep(0.02)
+            except OSError as e:  # after Timeout, which is an OSError too
+                raise ArError(f"cannot take the lock {self.lock_path}: {e.strerror or e}; runs/ must be writable "
+                              "(a read-only or full disk?)") from e
         self._lock = lock
         self._token = uuid.uuid4().hex
         meta = {

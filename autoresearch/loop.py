@@ -58,6 +58,7 @@ Monitor = Callable[[StepPoint], "str | None"]
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
 DIFF_CAP = 1 << 20
 TAIL_LINES = 64
+HARNESS_DIR = Path(gpus.__file__).parent   # hashed before and after each run: train.py may not change it
 MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
 
 
@@ -118,6 +119,7 @@ class Loop:
         self._status_doc: dict = {}
         self._status_at = 0.0
         self._status_lock = threading.Lock()
+        self.halted: str | None = None  # the harness or data changed under a run: no further run can count
         self.slot_env: dict[str, str] = {}  # added to train.py's environment (a GPU slot's CUDA_VISIBLE_DEVICES)
 
     # ----------------------------------------------------------------------------------- open / close
@@ -139,6 +141,9 @@ class Loop:
         self._lock.acquire()
         try:
             self._open_locked()
+        except OSError as e:
+            self._lock.release()
+            raise _file_error(e) from e
         except BaseException:
             self._lock.release()
             raise
@@ -272,13 +277,19 @@ class Loop:
                         raise _Stop("the queue is empty")
                     spec = self.queue.add("propose", {"proposer": self.proposer.name})
                 given_up = self.queue.starts(spec.id) >= MAX_STARTS  # recorded without running; the loop goes on
-                row = self.run_one(spec)
+                try:
+                    row = self.run_one(spec)
+                except OSError as e:  # a full or read-only disk under runs/, most often: stop, say so in one line
+                    raise _file_error(e) from e
                 if row is None:
                     continue
                 n += 1
                 kept += row.status is Status.KEEP
                 failures = failures + 1 if row.status in FAILURES else 0 if row.status in (
                     Status.KEEP, Status.DISCARD) else failures
+                if self.halted:
+                    raise _Stop(f"{self.halted}; restore them (reinstall ar, `ar prepare` the data) before running "
+                                "again", failed=True)
                 if row.status is Status.INTERRUPTED and not given_up:
                     raise _Stop("interrupted; the experiment is recorded as `interrupted`", interrupted=True)
                 if spec.kind == "baseline" and row.status is not Status.KEEP:
@@ -491,10 +502,18 @@ class Loop:
             return None
 
         x.t_run = time.time()
+        scratch = self.root / "runs" / self.tag  # a slot's own copy in its worktree, else the ledger's folder
+        guard = guards.watch_run(self.git, scratch, HARNESS_DIR, default_cache() / self.cfg.dataset)
         result = run_training(list(self.cfg.train_command), cwd=self.root, env=env, log_path=x.exp_dir / "train.log",
                               timeout=budget + self.cfg.startup_allowance + self.cfg.eval_allowance,
                               on_line=on_line, max_log_bytes=int(self.cfg.max_log_mb * 2**20))
         x.wall = result.wall_seconds
+        x.tampered = guards.run_changes(self.git, guard, scratch, x.exp_dir.name)
+        if x.tampered:  # put .git and the records back before anything reads them
+            guards.undo_run_changes(self.git, guard, scratch)
+        broken = guards.integrity_changes(guard)
+        if broken:      # cannot be put back: this run is a crash, and the loop stops after recording it
+            x.tampered = self.halted = broken
         if result.log_truncated:  # the cap dropped the end of the output: keep its last lines (the summary)
             with open(result.log_path, "a", encoding="utf-8", errors="replace") as f:
                 tail = "".join(ln[:400] + "\n" for ln in x.tail)
@@ -512,6 +531,8 @@ class Loop:
         x.mfu = self._mfu(m)
         if result.stop_reason == STOP_INTERRUPTED:
             return Status.INTERRUPTED, "interrupted", m
+        if x.tampered:
+            return Status.CRASH, x.tampered, m
         if stopped_by is not None:
             return stopped_by, result.stop_reason, m
         if result.timed_out:
@@ -684,6 +705,7 @@ class _Exp:
     t_run: float = 0.0
     wall: float = 0.0
     row: Row | None = None           # set once the ledger has the row
+    tampered: str | None = None      # what the run changed that it must not (.git, runs/, harness, data)
 
 
 def _message(x: _Exp, tag: str) -> str:
@@ -695,6 +717,12 @@ def _safe_knobs(path: Path) -> dict:
         return read_knobs(path)
     except (ArError, OSError):
         return {}
+
+
+def _file_error(e: OSError) -> ArError:
+    where = f" ({e.filename})" if e.filename else ""
+    return ArError(f"ar stopped: {e.strerror or e}{where}; free disk space or fix permissions, then run again "
+                   "(nothing recorded is lost; a cut-short experiment runs again)")
 
 
 def _write_json(path: Path, doc: dict) -> None:

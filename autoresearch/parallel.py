@@ -22,7 +22,7 @@ import shutil
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import psutil
 
 from . import guards
@@ -85,7 +85,6 @@ class _Flight:
     slot: Slot
     future: cf.Future
     finished_at: float = 0.0
-    outcome: tuple = field(default_factory=tuple)
 
 
 class ParallelLoop(Loop):
@@ -392,9 +391,9 @@ class ParallelLoop(Loop):
     def _interrupt(self, flights) -> None:
         """Ctrl-C: stop every training run in flight (their whole process trees); they record as interrupted."""
         self._interrupted_at = self._interrupted_at or time.time()
-        self.executor_interrupt()
+        self._stop_runs()
 
-    def executor_interrupt(self) -> None:
+    def _stop_runs(self) -> None:
         stop = getattr(self.executor, "interrupt", None)
         if stop is not None:
             stop()
@@ -415,15 +414,15 @@ class ParallelLoop(Loop):
         return {"slot": slot.index, "label": slot.label, "gpu": slot.gpu, "kind": slot.kind,
                 "experiment": experiment, "step": step}
 
-    def _status_slot(self, slot: Slot, experiment: dict | None, step: dict | None, keep_experiment=False) -> None:
+    def _status_slot(self, slot: Slot, experiment: dict | None, step: dict | None, keep_experiment=False,
+                     node: str | None = None) -> None:
         main = self._main
         with main._status_lock:
             slots = list(main._status_doc.get("slots") or [main._slot_doc(s) for s in main.slots])
             cur = slots[slot.index]
             doc = main._slot_doc(slot, cur.get("experiment") if keep_experiment else experiment, step)
-            for k in ("host", "node"):
-                if k in cur:
-                    doc[k] = cur[k]
+            if node or cur.get("node"):
+                doc["node"] = node or cur.get("node")
             slots[slot.index] = doc
             main._write_status_locked({"slots": slots})
 

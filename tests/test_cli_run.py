@@ -67,7 +67,7 @@ def test_flags_beat_the_file_which_beats_defaults(tmp_path):
     ({"proposer": "magic"}, "proposer in"),
     ({"hooks": {"on_fire": "x"}}, "unknown hook event 'on_fire'"),
     ({"allowed_paths": ["../x"]}, "inside the repo"),
-    ({"gpus": [0, 1]}, "not available yet"),
+    ({"gpus": "zero"}, "must be GPU indices"),
     ({"proposer": "grid"}, "search_space"),
     ({"proposer": "agent"}, "needs an agent"),
 ])

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -155,13 +159,15 @@ def test_gpu_slots_pin_and_lock(tmp_path):
     lp = ParallelLoop(cfg(gpus="cpu:2"), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 1)]))
     with lp:
         lp.enqueue_knobs({"DEPTH": 9})
+        lp.enqueue_knobs({"DEPTH": 7})
         with pytest.raises(LockHeld, match="on GPU 0"):
             RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x", label="on GPU 0").acquire()
         lp.run()
     logs = {p.parent.name: p.read_text() for p in (root / "runs" / "t").glob("000*/train.log")}
     devices = sorted(re.search(r"CUDA_VISIBLE_DEVICES='(\d)'", t).group(1) for t in logs.values())
-    assert devices == ["0", "1"] or devices == ["0", "0"]   # the baseline ran alone on slot 0
-    assert RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x").acquire() is None
+    assert devices == ["0", "0", "1"]       # the baseline alone on GPU 0, then one experiment per GPU
+    with RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x"):
+        pass                                 # given back when the loop closed
 
 
 def test_status_shows_every_slot(tmp_path):
@@ -212,3 +218,58 @@ def test_cli_run_and_sweep_with_gpus(tmp_path):
     assert len(rows) >= 4 and {r.status for r in rows} <= {Status.KEEP, Status.DISCARD, Status.STALE}
     r = CliRunner().invoke(app, ["run", "--repo", str(root), "--tag", "u", "--gpus", "0,0"], terminal_width=200)
     assert r.exit_code != 0 and "GPU 0 is listed twice" in str(r.exception)
+
+
+def _ar_run(root: Path, conf: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "autoresearch", "run", "--repo", str(root), "--tag", "t", "--gpus",
+                             "cpu:2", "--config", str(conf), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _wait_both_training(root: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        slots = (read_status(root).get("status") or {}).get("slots") or []
+        if sum(1 for s in slots if s["experiment"] and s["step"]) == 2:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the two slots never trained at once")
+
+
+def _train_procs(root: Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if "train.py" in (p.info["cmdline"] or []) and str(root) in (p.info["cwd"] or ""):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_ctrl_c_and_kill_9_with_two_slots(tmp_path):
+    root = make_repo(tmp_path)
+    conf = tmp_path / "run.yaml"
+    conf.write_text("profile: cpu\nprepare_data: false\ntime_budget: 8\nstartup_allowance: 10\n")
+    proc = _ar_run(root, conf)
+    _wait_both_training(root, proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert statuses(root)[-2:] == ["interrupted", "interrupted"], out
+    assert_consistent(root)
+    assert not _train_procs(root)
+
+    proc = _ar_run(root, conf, "--max-experiments", "4")
+    _wait_both_training(root, proc)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _train_procs(root) and time.monotonic() < deadline:     # PR_SET_PDEATHSIG takes them down
+        time.sleep(0.1)
+    assert not _train_procs(root)
+    before = len(statuses(root))
+    lp = ParallelLoop(cfg(gpus="cpu:2"), root, "t", StrategyProposer())
+    lp.run(max_experiments=2)
+    assert len(statuses(root)) == before + 2
+    assert_consistent(root)

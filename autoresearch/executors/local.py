@@ -9,7 +9,6 @@ beside the repo lock, so two loops never share a GPU.
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from ..errors import GitError
 from ..gitops import GitRepo

@@ -60,6 +60,11 @@ def ar_proc(*args: str, cwd: Path, env: dict | None = None, **kw) -> subprocess.
 def fork_ar(*args: str, fault: str | None = None, log: Path, timeout: float = 60.0) -> int:
     """`ar ARGS` in a forked copy of this (already imported) interpreter: a real process that a fault point
     SIGKILLs, without paying Python's start-up for each kill. Returns the exit code, or -signal."""
+    return reap(spawn_ar(*args, fault=fault, log=log), timeout, f"ar {' '.join(args)} (fault {fault}), log {log}")
+
+
+def spawn_ar(*args: str, fault: str | None = None, log: Path) -> int:
+    """Start `ar ARGS` in a forked child (see fork_ar); returns its pid at once."""
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
         code = 70
@@ -83,15 +88,25 @@ def fork_ar(*args: str, fault: str | None = None, log: Path, timeout: float = 60
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    return pid
+
+
+def poll(pid: int) -> int | None:
+    """The exit code (or -signal) of a spawned child that has ended, else None."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    return os.waitstatus_to_exitcode(status) if done else None
+
+
+def reap(pid: int, timeout: float, what: str = "ar") -> int:
     deadline = time.monotonic() + timeout
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
+        rc = poll(pid)
+        if rc is not None:
+            return rc
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            raise AssertionError(f"ar {' '.join(args)} (fault {fault}) did not finish in {timeout:g}s; see {log}")
+            raise AssertionError(f"{what} did not finish in {timeout:g}s")
         time.sleep(0.01)
 
 
@@ -153,17 +168,21 @@ def audit(root: Path, tag: str, hist: History, noise: float) -> Counts:
                 c.bad("wrongly_kept", 1, f"experiment {r.exp_id} kept at {r.val_bpb} against {best}")
             best = r.val_bpb if best is None else min(best, r.val_bpb)
     g = GitRepo(root)
+    branch = f"autoresearch/{tag}"
+    on = g.current_branch() == branch   # another tag's loop may have run last: then check the branch's tip
+    tip = g.head_sha() if on else g.resolve(branch)
     base = json.loads((tag_dir / "meta.json").read_text())["base"]
     kept = [r.commit for r in rows if r.status is Status.KEEP and r.commit != base[:7]]
-    on_branch = [s[:7] for s in g.commits_since(base)]
+    on_branch = [s[:7] for s in g._git("rev-list", "--reverse", f"{base}..{tip}").split()]
     c.bad("wrongly_kept", len(set(on_branch) - set(kept)), f"commits on the branch that are not kept: {on_branch}")
     c.bad("inconsistent", int(on_branch != kept), f"branch {on_branch} != kept {kept}")
     best_row = min((r for r in rows if r.status is Status.KEEP), key=lambda r: r.val_bpb, default=None)
     want = g.resolve(best_row.commit) if best_row else base
-    c.bad("inconsistent", int(g.head_sha() != want), "branch head is not the best kept commit")
-    c.bad("inconsistent", int((root / "train.py").read_text() != g.file_at(want, "train.py")), "train.py != best")
-    c.bad("inconsistent", int(g.current_branch() != f"autoresearch/{tag}"), "not on the experiment branch")
-    c.bad("inconsistent", len(g.dirty_paths()), f"dirty tree {g.dirty_paths()}")
+    c.bad("inconsistent", int(tip != want), "branch head is not the best kept commit")
+    if on or not any(m.parent.name != tag for m in (root / "runs").glob("*/meta.json")):
+        c.bad("inconsistent", int(not on), "not on the experiment branch")
+        c.bad("inconsistent", int((root / "train.py").read_text() != g.file_at(want, "train.py")), "train.py != best")
+        c.bad("inconsistent", len(g.dirty_paths()), f"dirty tree {g.dirty_paths()}")
     c.bad("inconsistent", len(set(g.exp_refs(tag)) - set(by_id)), "an experiment ref without a row")
     hist.observe(root, tag)
     return c

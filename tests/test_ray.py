@@ -1,0 +1,170 @@
+"""`--executor ray` on a real local Ray cluster: a head node and a second node on this machine, each with one
+unit of a custom resource `exp` instead of a GPU. The driver keeps the queue, decisions and results.tsv."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from autoresearch.cli import app
+from autoresearch.ledger import read_results
+from autoresearch.parallel import ParallelLoop
+
+from test_loop import assert_consistent, cfg, make_repo
+
+ray = pytest.importorskip("ray")
+
+FAST_FAILURE = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
+                "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_timeout_ms": "500"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], log: Path, env: dict) -> subprocess.Popen:
+    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--resources", '{"exp": 1}',
+              "--object-store-memory", "80000000", "--disable-usage-stats", "--block"]
+    return subprocess.Popen(["ray", "start", *args, *common], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray")
+    env = {**os.environ, **FAST_FAILURE, "AR_CACHE": str(tmp / "worker-cache")}
+    port = _free_port()
+    head = _start(["--head", "--port", str(port), "--include-dashboard", "false"], tmp / "head.log", env)
+    nodes = [head]
+    try:
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+                break
+            except Exception:  # noqa: BLE001 — the head is still starting
+                if time.monotonic() > deadline or head.poll() is not None:
+                    raise
+                time.sleep(0.5)
+        nodes.append(_start(["--address", address], tmp / "node.log", env))
+        while sum(n["Alive"] for n in ray.nodes()) < 2:
+            assert time.monotonic() < deadline + 30, (tmp / "node.log").read_text()
+            time.sleep(0.2)
+        yield {"address": address, "head": head, "node": nodes[1]}
+    finally:
+        ray.shutdown()
+        for p in reversed(nodes):
+            _stop(p)
+
+
+def _on_node(node: subprocess.Popen) -> list[psutil.Process]:
+    """Training processes (train.py) running under a node's process tree."""
+    try:
+        procs = psutil.Process(node.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in procs if any(a.endswith("train.py") for a in _cmdline(p))]
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_worker_without_data_fails_once_with_a_clear_message(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+    root = make_repo(tmp_path)
+    warnings = []
+    c = cfg(executor="ray", ray_address=cluster["address"], ray_resource="exp", prepare_data=True, time_budget=1.0)
+    with ParallelLoop(c, root, "t", baseline=False, on_event=lambda e: e.kind == "warn" and warnings.append(e)) as lp:
+        lp.enqueue_knobs({"DEPTH": 9})
+        s = lp.run()
+    rows = read_results(root / "runs" / "t" / "results.tsv")
+    assert [r.status.value for r in rows] == ["crash"], s
+    assert "has no prepared data" in rows[0].reason and "prepare it on every worker" in rows[0].reason
+    assert not [w for w in warnings if "sent to the cluster again" in w.message]
+
+
+def test_sweep_across_two_nodes_survives_losing_one(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: pts\naxes:\n  TOTAL_BATCH_SIZE: [2**17, 2**18, 2**16, 2**19]\norder: listed\n")
+    conf = tmp_path / "run.yaml"
+    conf.write_text("profile: cpu\nprepare_data: false\ntime_budget: 3\nstartup_allowance: 20\nray_resource: exp\n")
+
+    local = make_repo(tmp_path / "local")
+    r = CliRunner().invoke(app, ["sweep", str(sweep), "--repo", str(local), "--config", str(conf), "--gpus", "cpu:2"],
+                           terminal_width=200)
+    assert r.exit_code == 0, r.output
+
+    remote = make_repo(tmp_path / "remote")
+    killed: list[int] = []
+
+    def kill_node_mid_task():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            if _on_node(cluster["node"]):
+                time.sleep(0.5)                     # mid-task: training has started on the second node
+                killed.append(cluster["node"].pid)
+                os.killpg(cluster["node"].pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=kill_node_mid_task)
+    t.start()
+    steps = []
+    from autoresearch.cli import sweep as cli_sweep
+    view = cli_sweep.LiveView.__call__
+
+    def counting(self, e):
+        if e.kind == "step":
+            steps.append(e.step)
+        return view(self, e)
+
+    monkeypatch.setattr(cli_sweep.LiveView, "__call__", counting)
+    r = CliRunner().invoke(app, ["sweep", str(sweep), "--repo", str(remote), "--config", str(conf), "--executor", "ray",
+                                 "--address", cluster["address"]], terminal_width=200)
+    t.join()
+    assert r.exit_code == 0, r.output
+    assert killed, "no experiment ever ran on the second node"
+    said = " ".join(r.output.split())
+    assert "its Ray worker was lost" in said and "sent to the cluster again (1/3)" in said, r.output
+
+    def content(root: Path):
+        return [(r.description.split(" base=")[0], r.status.value, r.val_bpb, r.knobs.get("TOTAL_BATCH_SIZE"))
+                for r in assert_consistent(root, "sweep-pts")]
+
+    assert content(remote) == content(local)
+    assert [s for _, s, _, _ in content(remote)] == ["keep", "discard", "discard", "discard"]
+    st = json.loads((remote / "runs" / "sweep-pts" / "status.json").read_text())
+    assert {s["kind"] for s in st["slots"]} == {"ray"} and any(s.get("node") for s in st["slots"])
+    assert steps, "no step line came back from a Ray task"
+    logs = "".join(p.read_text() for p in (remote / "runs" / "sweep-pts").glob("000*/train.log"))
+    assert "[ar] ran on Ray node" in logs
