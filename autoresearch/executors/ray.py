@@ -156,7 +156,8 @@ class RayExecutor:
             opts["resources"] = {self.cfg.ray_resource: 1}
         self._remote = ray.remote(run_on_worker).options(**opts)
         self._local = LocalExecutor([])
-        loop.say(f"Ray cluster: {units} {self.cfg.ray_resource} on {len(ray.nodes())} node(s)")
+        alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+        loop.say(f"Ray cluster: {units} {self.cfg.ray_resource} on {alive} node(s)")
 
     def worktree(self, loop, slot: Slot):
         return self._local.worktree(loop, slot)

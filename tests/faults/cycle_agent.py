@@ -2,7 +2,6 @@
 improve (DEPTH - 1, kept), worse (LR_MULT 3, discarded), NaN (crash), a protected edit (rejected)."""
 import os
 import re
-import sys
 from pathlib import Path
 
 exp = int(os.environ.get("AR_EXPERIMENT", "0"))

@@ -153,7 +153,8 @@ def test_read_only_runs_is_a_clear_stop(tmp_path, small_fs, table):
     assert fork_ar(*args, "3", log=tmp_path / "after.log") == 0
     c = audit(root, TAG, hist, noise)
     clear = _stop_is_clear(rc, out)
-    table.add("read-only runs/ (tmpfs)", 1, c.lost, c.duplicated, c.wrongly_kept, c.inconsistent + torn + int(not clear))
+    table.add("read-only runs/ (tmpfs)", 1, c.lost, c.duplicated, c.wrongly_kept,
+              c.inconsistent + torn + int(not clear))
     assert clear, out[-2000:]
     assert not torn and not c.notes, c.notes
 
