@@ -43,6 +43,7 @@ def _start(args: list[str], log: Path, env: dict) -> subprocess.Popen:
 
 
 def _stop(p: subprocess.Popen) -> None:
+    """Stop a node started here: its whole process group, then reap `ray start` itself."""
     try:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=10)
@@ -52,6 +53,7 @@ def _stop(p: subprocess.Popen) -> None:
         os.killpg(p.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    p.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
