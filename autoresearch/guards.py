@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import faults
 from .errors import GitError
+from .knobs import parse_source
 from .gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_EVAL_TOKENS", "AR_RESULT_FILE", "AR_SEED", "AR_DATASET", "AR_CACHE",
@@ -147,13 +148,13 @@ def check_source(text: str, path: str = "train.py", parent_text: str | None = No
     """A reason to reject this train.py, or None. With `parent_text`, only constructs the parent did not
     already have count (the shipped train.py may legitimately hand the record path to the evaluator)."""
     try:
-        tree = ast.parse(text)
+        tree = parse_source(text)
     except SyntaxError as e:
         return f"{path} does not parse: line {e.lineno}: {e.msg}"
     known: dict[tuple[str, str], int] = {}
     if parent_text is not None:
         try:
-            for kind, detail, _ in _findings(ast.parse(parent_text)):
+            for kind, detail, _ in _findings(parse_source(parent_text)):
                 known[(kind, detail)] = known.get((kind, detail), 0) + 1
         except SyntaxError:
             pass

@@ -12,6 +12,7 @@ import ast
 import math
 import operator
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,15 @@ Value = int | float | str | bool | None
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(text: str, mode: str = "exec") -> ast.AST:
+    """ast.parse, one thread at a time: CPython 3.11 keeps the AST conversion's recursion depth in shared
+    state, and slots parsing train.py in parallel threads can trip it ("AST constructor recursion depth
+    mismatch")."""
+    with _PARSE_LOCK:
+        return ast.parse(text, mode=mode)
 
 
 class _Unsafe(Exception):
@@ -51,7 +61,7 @@ def _eval(node: ast.AST) -> Value:
 def safe_eval(text: str) -> Value:
     """Evaluate a literal or simple arithmetic expression; ValueError when it is anything else."""
     try:
-        return _eval(ast.parse(text.strip(), mode="eval").body)
+        return _eval(parse_source(text.strip(), mode="eval").body)
     except (SyntaxError, _Unsafe):
         raise ValueError(f"{text!r} is not a plain value (number, string, boolean, or arithmetic like 2**17)") from None
 
@@ -92,7 +102,7 @@ def _knob_nodes(tree: ast.Module):
 
 def _parse(text: str, path: Path | str) -> ast.Module:
     try:
-        return ast.parse(text)
+        return parse_source(text)
     except SyntaxError as e:
         raise ConfigError(f"{path} does not parse (line {e.lineno}: {e.msg}); fix it or reset it to the best commit") \
             from None
