@@ -1,4 +1,4 @@
-"""Experiments as Ray tasks on a cluster (`--executor ray`, the optional extra `pip install "autoresearch[ray]"`).
+"""Experiments as Ray tasks on a cluster (`--executor ray`, the optional extra `pip install "autoresearch-ar[ray]"`).
 
 The driver (`ar run` / `ar sweep`) keeps everything that makes the results one story: the queue, the
 proposals (made and committed in a driver-side worktree per slot), the decisions, results.tsv and the hooks.
@@ -43,7 +43,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'autoresearch[ray]' (or pip install ray)") from None
+        raise ConfigError("--executor ray needs Ray: pip install 'autoresearch-ar[ray]' (or pip install ray)") from None
     return ray
 
 
