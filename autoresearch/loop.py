@@ -303,14 +303,21 @@ class Loop:
             stop, failed, interrupted = str(s), s.failed, s.interrupted
         finally:
             _restore_sigterm(old_term)
-            if stop:
-                self.say(f"stopped: {stop}")
-                best = self.ledger.best_kept()
-                self.hooks.fire("loop_finished", session, {"tag": self.tag, "experiments": n, "kept": kept,
-                                                           "stop_reason": stop,
-                                                           **({"best": best.to_dict()} if best else {})})
-            if opened_here:
-                self.close()
+            self._wind_up(session, stop, n, kept, opened_here)
+        return self._summary(n, kept, stop, failed, interrupted)
+
+    def _wind_up(self, session: str, stop: str, n: int, kept: int, opened_here: bool) -> None:
+        """Say why the loop stopped, fire loop_finished once, and release the repo if this call opened it."""
+        if stop:
+            self.say(f"stopped: {stop}")
+            best = self.ledger.best_kept()
+            self.hooks.fire("loop_finished", session, {"tag": self.tag, "experiments": n, "kept": kept,
+                                                       "stop_reason": stop,
+                                                       **({"best": best.to_dict()} if best else {})})
+        if opened_here:
+            self.close()
+
+    def _summary(self, n: int, kept: int, stop: str, failed: bool, interrupted: bool) -> "Summary":
         counts: dict[str, int] = {}
         for r in self.ledger.rows():
             counts[r.status.value] = counts.get(r.status.value, 0) + 1

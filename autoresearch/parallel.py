@@ -192,19 +192,8 @@ class ParallelLoop(Loop):
         finally:
             pool.shutdown(wait=True)
             _restore_sigterm(old_term)
-            if stop:
-                self.say(f"stopped: {stop}")
-                best = self.ledger.best_kept()
-                self.hooks.fire("loop_finished", session, {"tag": self.tag, "experiments": n, "kept": kept,
-                                                           "stop_reason": stop,
-                                                           **({"best": best.to_dict()} if best else {})})
-            if opened_here:
-                self.close()
-        counts: dict[str, int] = {}
-        for r in self.ledger.rows():
-            counts[r.status.value] = counts.get(r.status.value, 0) + 1
-        return Summary(self.tag, self.branch, n, kept, self.ledger.best_kept(), stop, self.ledger.path, counts,
-                       failed, interrupted)
+            self._wind_up(session, stop, n, kept, opened_here)
+        return self._summary(n, kept, stop, failed, interrupted)
 
     def _dispatch(self, flights: deque, free: list[Slot], pool, n: int, t0: float, max_experiments, max_hours) -> str:
         """Fill the free slots from the queue (proposing when it is empty); a reason when nothing more will go."""
