@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import ConfigError
-from .sweep import FINISHED_STATUSES, seed_stats, show_number, show_value, status_of, verdicts
+from .sweep import seed_stats, verdicts
+from .sweepfile import FINISHED_STATUSES, show_number, show_value, status_of
 
 CANDIDATES = frozenset({"keep", "discard"})  # rows that may be "the best config"
 _FIELDS = ("commit", "val_bpb", "memory_gb", "status", "description", "exp_id", "tag", "parent", "mfu",

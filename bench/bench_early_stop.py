@@ -7,7 +7,7 @@ The grid is configs/sweep-batch-budget.yaml's shape: TOTAL_BATCH_SIZE [2**16 .. 
 extra drop during the LR warm-down and a little step noise); its val_bpb is the curve's end. The best point
 is 2**17 / 1200 s / LR ×1.0, as in the RTX 5090 report.
 
-The sweep is dispatched with the sweep module's own pieces, exactly as `ar sweep --order cheap-first
+The sweep is dispatched with the sweep modules' own pieces, exactly as `ar sweep --order cheap-first
 --early-stop` dispatches it: rounds by budget, successive halving between rounds (`halving_verdict`), and
 `prune_decision` fed every step line against the finished points of the same budget. A pruned point costs
 the training seconds it ran. Only the training itself is simulated.
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoresearch import sweep as sw  # noqa: E402
+from autoresearch import sweepfile as sf  # noqa: E402
 
 GRID = {"name": "bench", "order": "cheap-first",
         "axes": {"TOTAL_BATCH_SIZE": ["2**16", "2**17", "2**18", "2**19"], "TIME_BUDGET": [300, 600, 1200],
@@ -38,7 +39,7 @@ LR_FIT = {0.5: 0.82, 1.0: 1.00, 2.0: 0.74}
 STEPS = 200                                                          # step lines per run
 
 
-def loss(point: sw.Point, pct: float, rnd: random.Random | None = None, noise: float = 0.0) -> float:
+def loss(point: sf.Point, pct: float, rnd: random.Random | None = None, noise: float = 0.0) -> float:
     """Training loss at progress pct (0..100) of the point's budget."""
     seconds = point.time_budget * pct / 100
     fit = BATCH_FIT[point.knobs["TOTAL_BATCH_SIZE"]] * LR_FIT[point.knobs["LR_MULT"]]
@@ -47,11 +48,11 @@ def loss(point: sw.Point, pct: float, rnd: random.Random | None = None, noise: f
     return base - warmdown + (rnd.gauss(0, noise) if rnd else 0.0)
 
 
-def val_bpb(point: sw.Point) -> float:
+def val_bpb(point: sf.Point) -> float:
     return round(loss(point, 100.0) / 3.2, 6)
 
 
-def simulate(points: list[sw.Point], settings: sw.EarlyStop | None, noise: float) -> tuple[float, sw.Point, int]:
+def simulate(points: list[sf.Point], settings: sf.EarlyStop | None, noise: float) -> tuple[float, sf.Point, int]:
     """(training seconds spent, best finished point, points pruned or left out)."""
     rnd = random.Random(0)
     curves: dict[float, list[list[tuple[float, float]]]] = {}
@@ -94,10 +95,10 @@ def main() -> None:
     ap.add_argument("--keep-fraction", type=float, default=0.5)
     ap.add_argument("--noise", type=float, default=0.002, help="step-to-step loss noise (absolute)")
     a = ap.parse_args()
-    sweep = sw.parse_sweep(GRID, knobs=KNOBS, seq_len=2048, profile="gpu")
+    sweep = sf.parse_sweep(GRID, knobs=KNOBS, seq_len=2048, profile="gpu")
     settings = replace(sweep.early_stop, margin=a.margin, min_pct=a.min_pct, patience=a.patience,
                        keep_fraction=a.keep_fraction)
-    points = sw.order_points(sw.expand(sweep), "cheap-first")
+    points = sf.order_points(sf.expand(sweep), "cheap-first")
     full_s, full_best, _ = simulate(points, None, a.noise)
     es_s, es_best, stopped = simulate(points, settings, a.noise)
     known = min(points, key=val_bpb)

@@ -179,8 +179,9 @@ def test_zero_config_first_run(tmp_path, monkeypatch):
     assert any(ln.startswith("no agent configured: proposing with the built-in strategy proposer") for ln in lines)
     assert any(ln.startswith("no CUDA GPU: cpu profile") for ln in lines)
     assert any(ln.startswith("no prepared data: preparing the builtin corpus") for ln in lines)
-    # the best result ends the output (the very last line, with the results path, may wrap)
-    assert any(ln.startswith("best: 1.000000 val_bpb") for ln in lines[-4:]), lines[-4:]
+    # the best result ends the output: after the stop line (long lines may wrap at the runner's width)
+    stop = max(i for i, ln in enumerate(lines) if ln.startswith("stopped:"))
+    assert any(ln.startswith("best: 1.000000 val_bpb") for ln in lines[stop + 1:]), lines[stop:]
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from autoresearch.gitops import GitRepo
 from autoresearch.harness.env import default_cache
 from autoresearch.ledger import Status, read_results
 from autoresearch.lock import RepoLock, gpu_lock_path
-from autoresearch.loop import read_status
+from autoresearch.session import read_status
 from autoresearch.parallel import ParallelLoop
 from autoresearch.proposers.search import StrategyProposer
 

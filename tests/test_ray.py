@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from autoresearch.cli import app
 from autoresearch.ledger import read_results
-from autoresearch.loop import read_status
+from autoresearch.session import read_status
 from autoresearch.parallel import ParallelLoop
 
 from test_loop import assert_consistent, cfg, make_repo

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from autoresearch import sweep as sw
+from autoresearch import sweepfile as sf
 from autoresearch.errors import ConfigError
 from autoresearch.ledger import Row, Status
 
@@ -16,7 +17,7 @@ KNOBS = {"DEPTH": 8, "TOTAL_BATCH_SIZE": 2**19, "DEVICE_BATCH_SIZE": "auto", "LR
 
 
 def parse(data, seq_len=2048, profile="gpu"):
-    return sw.parse_sweep(data, knobs=KNOBS, seq_len=seq_len, profile=profile, default_name="t")
+    return sf.parse_sweep(data, knobs=KNOBS, seq_len=seq_len, profile=profile, default_name="t")
 
 
 # ------------------------------------------------------------------------------------- parsing
@@ -67,7 +68,7 @@ def test_batch_check_skips_auto_and_follows_the_cpu_profile():
 def test_auto_knobs_take_concrete_values():
     s = parse({"axes": {"COMPILE_MODEL": [True, False, "auto"], "DEVICE_BATCH_SIZE": ["auto", 16]},
                "fixed": {"TOTAL_BATCH_SIZE": 2**15}})
-    assert len(sw.expand(s)) == 6
+    assert len(sf.expand(s)) == 6
 
 
 def test_shipped_sweep_files_validate():
@@ -75,10 +76,10 @@ def test_shipped_sweep_files_validate():
     from autoresearch.knobs import read_knobs
     root = Path(__file__).resolve().parents[1]
     knobs = read_knobs(root / "train.py")
-    big = sw.load_sweep(root / "configs/sweep-batch-budget.yaml", knobs=knobs, seq_len=2048, profile="gpu")
-    assert len(sw.expand(big)) == 36 and big.tag == "sweep-batch-budget"
-    small = sw.load_sweep(root / "configs/sweep-cpu-small.yaml", knobs=knobs, seq_len=256, profile="cpu")
-    assert all(p.time_budget <= 15 for p in sw.expand(small))
+    big = sf.load_sweep(root / "configs/sweep-batch-budget.yaml", knobs=knobs, seq_len=2048, profile="gpu")
+    assert len(sf.expand(big)) == 36 and big.tag == "sweep-batch-budget"
+    small = sf.load_sweep(root / "configs/sweep-cpu-small.yaml", knobs=knobs, seq_len=256, profile="cpu")
+    assert all(p.time_budget <= 15 for p in sf.expand(small))
 
 
 # ------------------------------------------------------------------------------------- expansion, order
@@ -86,7 +87,7 @@ def test_shipped_sweep_files_validate():
 def test_expansion_is_product_order_then_seeds():
     s = parse({"axes": {"TOTAL_BATCH_SIZE": [2**17, 2**18], "TIME_BUDGET": [600, 300]},
                "fixed": {"DEPTH": 4}, "seeds": [1, 2]})
-    pts = sw.expand(s)
+    pts = sf.expand(s)
     assert [(p.knobs["TOTAL_BATCH_SIZE"], p.time_budget, p.seed) for p in pts] == [
         (2**17, 600, 1), (2**17, 600, 2), (2**17, 300, 1), (2**17, 300, 2),
         (2**18, 600, 1), (2**18, 600, 2), (2**18, 300, 1), (2**18, 300, 2)]
@@ -96,13 +97,13 @@ def test_expansion_is_product_order_then_seeds():
 
 def test_order_listed_and_cheap_first_is_stable():
     s = parse({"axes": {"LR_MULT": [0.5, 1.0], "TIME_BUDGET": [1200, 300, 600]}})
-    pts = sw.expand(s)
-    assert sw.order_points(pts, "listed") == pts
-    cheap = sw.order_points(pts, "cheap-first")
+    pts = sf.expand(s)
+    assert sf.order_points(pts, "listed") == pts
+    cheap = sf.order_points(pts, "cheap-first")
     assert [(p.time_budget, p.knobs["LR_MULT"]) for p in cheap] == [
         (300, 0.5), (300, 1.0), (600, 0.5), (600, 1.0), (1200, 0.5), (1200, 1.0)]
     with pytest.raises(ConfigError):
-        sw.order_points(pts, "fastest")
+        sf.order_points(pts, "fastest")
 
 
 # ------------------------------------------------------------------------------------- resume keys
@@ -114,34 +115,34 @@ def _row(knobs, budget, status, base="abcdef1234", seed=42, val=1.0, commit="c0f
 
 def test_point_states_done_crashed_and_retry():
     s = parse({"axes": {"LR_MULT": [0.5, 1.0, 2.0], "TIME_BUDGET": [300]}})
-    pts = sw.expand(s)
+    pts = sf.expand(s)
     base = "abcdef1234567890"
     rows = [_row({"LR_MULT": 0.5, "DEPTH": 8}, 300, "discard", base),     # done (extra knobs in row ignored)
             _row({"LR_MULT": 1.0}, 300, "crash", base),                     # crashed
             _row({"LR_MULT": 2.0}, 300, "keep", "0123456789ab"),            # another base: not this point
             _row({"LR_MULT": 2.0}, 600, "keep", base),                      # another budget
             _row({"LR_MULT": 2.0}, 300, "validation", base)]                # re-runs never count
-    assert sw.point_states(pts, rows, base) == {0: "done", 1: "crashed", 2: "todo"}
-    assert sw.point_states(pts, rows, base, retry_crashed=True) == {0: "done", 1: "todo", 2: "todo"}
+    assert sf.point_states(pts, rows, base) == {0: "done", 1: "crashed", 2: "todo"}
+    assert sf.point_states(pts, rows, base, retry_crashed=True) == {0: "done", 1: "todo", 2: "todo"}
     # a later finished row of a crashed point makes it done; an interrupted one leaves it to run
-    assert sw.point_states(pts, rows + [_row({"LR_MULT": 1.0}, 300, "pruned", base)], base)[1] == "done"
-    assert sw.point_states(pts, [_row({"LR_MULT": 0.5}, 300, "interrupted", base)], base)[0] == "todo"
+    assert sf.point_states(pts, rows + [_row({"LR_MULT": 1.0}, 300, "pruned", base)], base)[1] == "done"
+    assert sf.point_states(pts, [_row({"LR_MULT": 0.5}, 300, "interrupted", base)], base)[0] == "todo"
 
 
 def test_point_key_matches_int_and_float_and_explicit_seed():
     s = parse({"axes": {"LR_MULT": [1]}, "fixed": {"TIME_BUDGET": 300}, "seeds": [7]})
     base = "abcdef1234567890"
-    assert sw.point_states(sw.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=7)], base) == {0: "done"}
-    assert sw.point_states(sw.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=8)], base) == {0: "todo"}
+    assert sf.point_states(sf.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=7)], base) == {0: "done"}
+    assert sf.point_states(sf.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=8)], base) == {0: "todo"}
 
 
 def test_overhead_estimate():
     r = _row({}, 300, "keep")
     r.training_seconds, r.total_seconds = 300.0, 330.0
-    assert sw.estimate_overhead([r, r], 30.0) == (30.0, "median of 2 past run(s)")   # from total_seconds
+    assert sf.estimate_overhead([r, r], 30.0) == (30.0, "median of 2 past run(s)")   # from total_seconds
     r.started_at, r.finished_at = "2025-01-01T10:00:00+00:00", "2025-01-01T10:05:40+00:00"
-    assert sw.estimate_overhead([r], 30.0) == (40.0, "median of 1 past run(s)")      # from the wall clock
-    assert sw.estimate_overhead([], 12.0) == (12.0, "default estimate")
+    assert sf.estimate_overhead([r], 30.0) == (40.0, "median of 1 past run(s)")      # from the wall clock
+    assert sf.estimate_overhead([], 12.0) == (12.0, "default estimate")
 
 
 # ------------------------------------------------------------------------------------- early stopping
@@ -155,7 +156,7 @@ def test_loss_at_interpolates_and_is_none_outside():
 
 def test_prune_decision_needs_margin_patience_and_min_pct():
     ref = [(0.0, 5.0), (100.0, 3.0)]  # best loss at 50% is 4.0
-    es = sw.EarlyStop(margin=0.05, min_pct=20, patience=2)
+    es = sf.EarlyStop(margin=0.05, min_pct=20, patience=2)
     assert sw.prune_decision([ref], 10.0, 9.0, 0, es) == (0, None)          # before min_pct: no decision
     assert sw.prune_decision([ref], 50.0, 4.1, 0, es) == (0, None)          # inside the margin
     assert sw.prune_decision([], 50.0, 9.0, 0, es) == (0, None)             # no reference yet
@@ -421,14 +422,14 @@ def test_a_moved_base_is_refused_and_a_missing_base_comes_from_the_branch(repo, 
     main = g.active_branch.name
     f = write_sweep(tmp_path / "sweep-b.yaml", axes={"LR_MULT": [1.0]}, fixed={"TIME_BUDGET": 0.3}, base=main)
     cfg = load_config(tmp_path / "run.yaml")
-    p = sw.plan(f, repo, cfg)
+    p = sf.plan(f, repo, cfg)
     sw.run_sweep(p, cfg)
-    assert sw.plan(f, repo, cfg).states == {0: "done"}
+    assert sf.plan(f, repo, cfg).states == {0: "done"}
     g.git.checkout(main)
     (repo / "README").write_text("moved on\n")
     g.index.add(["README"])
     g.index.commit("new base")
     with pytest.raises(ConfigError, match="started from .* but base '.*' is now"):
-        sw.plan(f, repo, cfg)
+        sf.plan(f, repo, cfg)
     nobase = write_sweep(tmp_path / "sweep-b.yaml", axes={"LR_MULT": [1.0]}, fixed={"TIME_BUDGET": 0.3})
-    assert sw.plan(nobase, repo, cfg).base == p.base      # the branch's start, not today's HEAD
+    assert sf.plan(nobase, repo, cfg).base == p.base      # the branch's start, not today's HEAD

@@ -13,7 +13,8 @@ from rich.text import Text
 
 from ..config import load_config
 from ..ledger import Row, Status
-from ..loop import Event, Summary, build, read_status
+from ..loop import Event, Summary
+from ..session import build, read_status
 from . import app, console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",

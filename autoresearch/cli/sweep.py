@@ -11,6 +11,7 @@ from rich.table import Table
 
 from . import app, console
 from .. import sweep as sw
+from .. import sweepfile as sf
 from ..config import load_config
 from .run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
 
@@ -32,7 +33,7 @@ def sweep(
 ) -> None:
     """Run a sweep file: each point a commit on autoresearch/sweep-<name>; a second call resumes it."""
     cfg = load_config(config, scale_out(gpus, stale_policy, executor, address))
-    plan = sw.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
+    plan = sf.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
     table = Table("#", "state", "budget", "point", title=f"plan ({order or plan.sweep.order})", title_justify="left")
     for row in plan.rows():
         table.add_row(*row)

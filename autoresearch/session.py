@@ -1,0 +1,81 @@
+"""The session around the loop: what `ar run` builds (proposer, profile, data, each choice said in one
+line), the dataset check before a run, and what `ar status` reads back from runs/<tag>/status.json.
+
+The path of one experiment and the loop around it live in loop.py; this module only sets a loop up and
+reads what it left behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from .config import RunConfig
+from .errors import ConfigError, DataError
+from .gitops import GitRepo
+from .harness.env import default_cache
+from .ledger import Ledger, Status
+from .lock import read_holder
+from .loop import Event, Loop
+
+
+def ensure_data(cfg: RunConfig, profile, say: Callable[[str], None]) -> None:
+    """Check the dataset is prepared for the profile's vocabulary; prepare `builtin` when it is missing."""
+    if not cfg.prepare_data:
+        return
+    from .harness.data import check_prepared, prepare
+    cache = default_cache()
+    try:
+        check_prepared(cache, cfg.dataset, profile.vocab_size)
+    except DataError:
+        if cfg.dataset != "builtin":
+            raise
+        say(f"no prepared data: preparing the builtin corpus for vocab {profile.vocab_size} in {cache} (once)")
+        prepare("builtin", cache=cache, vocab_size=profile.vocab_size, progress=say)
+
+
+def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
+          calibrate_noise: int = 0, command: str = "ar run") -> Loop:
+    """The loop `ar run` runs: proposer, profile and data chosen from the config, each default said in one line."""
+    from .proposers import make_proposer
+    say = (lambda m: on_event(Event("info", m))) if on_event else (lambda m: None)
+    if not (Path(repo) / "train.py").exists() and cfg.train_command[-1:] == ["train.py"]:
+        raise ConfigError(f"no train.py in {Path(repo).resolve()}; run `ar init DIR` for a workspace, or pass --repo")
+    proposer = make_proposer(cfg)
+    if cfg.proposer is None and proposer.name == "strategy":
+        say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
+    from .parallel import make_loop  # a ParallelLoop when the config names GPU slots or Ray
+    loop = make_loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
+    if cfg.profile == "auto":
+        what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
+        say(f"{what}: {loop.profile.name} profile ({loop._budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
+    ensure_data(cfg, loop.profile, say)
+    return loop
+
+
+def read_status(repo: str | Path) -> dict:
+    """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far."""
+    root = GitRepo(repo).root
+    runs = root / "runs"
+    holder = read_holder(runs / ".ar.lock") if (runs / ".ar.lock").exists() else None
+    tag = holder.get("tag") if holder else None
+    if not tag:
+        docs = sorted(runs.glob("*/status.json"), key=lambda p: p.stat().st_mtime) if runs.is_dir() else []
+        tag = docs[-1].parent.name if docs else None
+    out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
+    if tag is None:
+        return out
+    f = runs / tag / "status.json"
+    try:
+        out["status"] = json.loads(f.read_text())
+    except (OSError, ValueError):
+        pass
+    rows = Ledger(runs / tag).rows()
+    best = min((r for r in rows if r.status is Status.KEEP and r.val_bpb is not None), key=lambda r: r.val_bpb,
+               default=None)
+    out["best"] = best.to_dict() if best else None
+    for r in rows:
+        out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
+    out["running"] = holder is not None
+    return out
