@@ -116,3 +116,27 @@ def test_cpu_profile_scales_the_same_knobs():
     assert s["depth"] == max(1, train.DEPTH - train.CPU_DEPTH_OFFSET)
     assert s["total_batch"] == train.TOTAL_BATCH_SIZE // train.CPU_BATCH_DIVISOR
     assert train.sizes_for("gpu")["depth"] == train.DEPTH
+
+
+def test_sliding_window_layers_on_cpu_use_a_banded_mask():
+    train = load_train()
+    train.WINDOW_PATTERN = "SL"
+    cfg = train.make_config(vocab_size=256, seq_len=32, profile_name="cpu")
+    assert [cfg.window(i) for i in range(cfg.depth)] == [16 if i % 2 == 0 and i != cfg.depth - 1 else 32
+                                                         for i in range(cfg.depth)]
+    model = train.build_model(cfg, "cpu")
+    model.set_attention("math", "cpu")
+    attn = model.blocks[0].attn
+    assert not attn.full and attn.window_fn is None          # CPU: the explicit banded mask
+    torch.manual_seed(0)
+    x = torch.randn(1, 32, cfg.width)
+    cos, sin = model.cos[:, :, :32], model.sin[:, :, :32]
+    with torch.no_grad():
+        nn = torch.nn
+        nn.init.normal_(attn.proj.weight, std=0.02)
+        windowed = attn(x, None, cos, sin)
+        attn.full = True
+        full = attn(x, None, cos, sin)
+    # the first 16 positions see the same keys either way; later ones must differ
+    assert torch.allclose(windowed[:, :16], full[:, :16], atol=1e-5)
+    assert not torch.allclose(windowed[:, 16:], full[:, 16:], atol=1e-5)
