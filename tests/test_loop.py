@@ -34,8 +34,8 @@ def _isolated(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def make_repo(tmp_path: Path, **knobs) -> Path:
-    root = tmp_path / "repo"
+def make_repo(tmp_path: Path, name: str = "repo", **knobs) -> Path:
+    root = tmp_path / name
     root.mkdir(parents=True)
     text = (FIXTURES / "fake_train.py").read_text()
     (root / "train.py").write_text(rewrite(text, knobs) if knobs else text)

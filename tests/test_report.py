@@ -24,8 +24,8 @@ def ar(args, monkeypatch, capsys) -> tuple[int, str, str]:
     from autoresearch.cli import console, err_console, main
 
     monkeypatch.setattr(sys, "argv", ["ar", *map(str, args)])
-    monkeypatch.setattr(console, "width", 200)
-    monkeypatch.setattr(err_console, "width", 200)
+    monkeypatch.setattr(console, "width", 250)
+    monkeypatch.setattr(err_console, "width", 250)
     code = 0
     try:
         main()

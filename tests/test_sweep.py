@@ -203,7 +203,6 @@ def test_seed_stats_and_ties():
 
 import json  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -213,6 +212,7 @@ import git  # noqa: E402
 import yaml  # noqa: E402
 
 from autoresearch.ledger import read_results  # noqa: E402
+from test_report import ar  # noqa: E402  (the in-process `ar` runner)
 
 FAKE_TRAIN = Path(__file__).parent / "fixtures" / "fake_train.py"
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -244,19 +244,6 @@ def write_sweep(path: Path, **data) -> Path:
     return path
 
 
-def ar(args, monkeypatch, capsys) -> tuple[int, str, str]:
-    from autoresearch.cli import console, err_console, main
-
-    monkeypatch.setattr(sys, "argv", ["ar", *map(str, args)])
-    monkeypatch.setattr(console, "width", 250)
-    monkeypatch.setattr(err_console, "width", 250)
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_dry_run_prints_the_plan_in_order_and_runs_nothing(repo, tmp_path, monkeypatch, capsys):

@@ -16,26 +16,13 @@ import yaml
 import autoresearch.cli as cli
 from autoresearch import faults
 from autoresearch.gitops import GitRepo
-from autoresearch.knobs import rewrite
 from autoresearch.ledger import Row, Status, read_results
 from autoresearch.queue import ExperimentQueue
+from test_loop import make_repo  # noqa: F401  (re-exported: one stand-in repo for every suite)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 AGENTS = FIXTURES / "agents"
 HERE = Path(__file__).resolve().parent
-
-
-def make_repo(tmp_path: Path, name: str = "repo", **knobs) -> Path:
-    root = tmp_path / name
-    root.mkdir(parents=True)
-    text = (FIXTURES / "fake_train.py").read_text()
-    (root / "train.py").write_text(rewrite(text, knobs) if knobs else text)
-    (root / "program.md").write_text("# program\nLower val_bpb.\n")
-    (root / "prepare.py").write_text("EVAL_TOKENS = 2**15  # the harness stand-in\n")
-    (root / ".gitignore").write_text("runs/\n__pycache__/\n")
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
-    return root
 
 
 def write_cfg(path: Path, **kw) -> Path:
