@@ -3,8 +3,9 @@ train.py — the one file an experiment edits.
 
 A small GPT (RMSNorm, rotary embeddings, QK-norm, ReLU² MLP, value embeddings, logit softcap) trained with
 Muon (Polar-Express orthogonalisation) for the block matrices and AdamW for the rest, under bf16 autocast,
-for a time budget the runner sets. The harness (autoresearch.harness) owns the data, the tokenizer, the
-dataloader, the evaluation and the GPU table; this file may not change them, nor the budget, nor the seed.
+for a time budget the runner sets, then saves a checkpoint. The harness (autoresearch.harness) owns the data, the
+tokenizer, the dataloader and the GPU table; the runner owns the clock and scores the checkpoint in its own
+evaluator (`model_from_config` below is how it rebuilds the model). Nothing this file prints is a result.
 
 Run directly:  python train.py      (AR_TIME_BUDGET, AR_DATASET, … are set by `ar run`; defaults work too)
 """
@@ -42,6 +43,7 @@ CPU_BATCH_DIVISOR = 64
 # =============================================================================================
 # Imports — nothing heavy happens at import: tests and `ar doctor --probe` import this file.
 # =============================================================================================
+import dataclasses
 import math
 import os
 import sys
@@ -59,8 +61,6 @@ from autoresearch.harness.backend import resolve as resolve_backend
 from autoresearch.harness.env import RunEnv
 from autoresearch.harness.gpus import lookup as lookup_peak, mfu_percent
 
-UNTIMED_STEPS = 10           # the first GPU steps (compilation, autotuning) do not count against the budget
-UNTIMED_STEPS_CPU = 2        # nothing compiles on the CPU profile
 ATTENTION_BACKENDS = ("cudnn", "flash", "efficient", "fa3", "math")
 _SDPA = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -256,6 +256,13 @@ class GPT(nn.Module):
                 a.window_fn = sliding_window_kernel(self.cfg.seq_len, a.window)
 
 
+def model_from_config(config: dict) -> GPT:
+    """How the evaluator rebuilds this model from a checkpoint (weights are loaded after): forward(idx) -> logits."""
+    model = GPT(ModelConfig(**config))
+    model.init_weights()
+    return model
+
+
 def sliding_window_kernel(seq_len: int, window: int):
     """A compiled FlexAttention kernel with a block-sparse causal band (fused, not the math path)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -448,15 +455,15 @@ def setup_device(env: RunEnv):
 # Training
 # =============================================================================================
 def train(env: RunEnv, t_start: float) -> dict:
+    from autoresearch.harness import checkpoint
     from autoresearch.harness.data import check_prepared
-    from autoresearch.harness.evaluate import evaluate_bpb
     from autoresearch.harness.loader import PackedLoader
     from autoresearch.harness.tokenizer import Tokenizer
 
     torch.manual_seed(env.seed)
     device, gpu_name, mem_limit = setup_device(env)
     seq_len = env.profile.seq_len
-    tok_dir = check_prepared(env.cache, env.dataset, env.profile.vocab_size)
+    tok_dir = env.tok_dir or check_prepared(env.cache, env.dataset, env.profile.vocab_size)
     vocab = Tokenizer.load(tok_dir).vocab_size
     cfg = make_config(vocab, seq_len, env.profile.name)
     model = build_model(cfg, device)
@@ -506,7 +513,7 @@ def train(env: RunEnv, t_start: float) -> dict:
     step_model = torch.compile(model, dynamic=False) if compile_model else model
     loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed)
 
-    untimed = UNTIMED_STEPS if device.type == "cuda" else UNTIMED_STEPS_CPU
+    untimed = env.untimed_steps if env.untimed_steps is not None else 10 if device.type == "cuda" else 2
     step, training_time, progress, tokens = 0, 0.0, 0.0, 0
     try:
         while progress < 1.0:
@@ -538,14 +545,11 @@ def train(env: RunEnv, t_start: float) -> dict:
     finally:
         loader.close()
 
-    model.eval()
-    with attention_context(attention):
-        val_bpb = evaluate_bpb(model, tok_dir, eval_tokens=env.eval_tokens, batch_size=device_batch,
-                               seq_len=seq_len, device=device, record_path=env.result_file, dataset=env.dataset)
+    checkpoint.save(env.checkpoint_dir, factory="model_from_config", config=dataclasses.asdict(cfg), model=model)
     timed_steps = max(1, step - untimed)
     steady_tps = total_batch * timed_steps / training_time if training_time > 0 else None
     return dict(
-        val_bpb=val_bpb, training_seconds=training_time, total_seconds=time.time() - t_start,
+        training_seconds=training_time, total_seconds=time.time() - t_start,
         peak_vram_mb=torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
         mfu_percent=mfu_percent(steady_tps, flops_per_token, peak_tflops),
         total_tokens_M=tokens / 1e6, num_steps=step, num_params_M=model.num_params() / 1e6,

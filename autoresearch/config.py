@@ -9,6 +9,7 @@ Unknown keys and badly typed values are errors that name the key and the file, r
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field, fields
@@ -37,9 +38,14 @@ class RunConfig:
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])  # what a proposal may change
     profile: str = "auto"                  # gpu | cpu | auto (gpu when CUDA is available)
     time_budget: float | None = None       # training seconds; None: the profile's (300 gpu, 20 cpu)
-    startup_allowance: float = 120.0       # seconds for imports/compile before training counts
-    eval_allowance: float = 120.0          # seconds for the final evaluation; hard timeout = sum of the three
+    startup_allowance: float = 120.0       # most seconds for imports/compile before training counts (ar's clock);
+                                           # after the baseline it tightens to 1.5 × the baseline's startup + 10 s
+    untimed_steps: int | None = None       # warm-up steps train.py leaves off its own clock; None: 10 gpu, 2 cpu
+    eval_allowance: float = 120.0          # seconds the trusted evaluator's model worker may take
     eval_tokens: int | None = None         # validation tokens; None: the profile's
+    holdout_tokens: int | None = None      # private hold-out tokens that confirm a new best; None: eval_tokens / 8
+    sandbox: bool = True                   # run proposal code under Landlock; false only by --unsandboxed, and
+                                           # every result of the tag is then marked unsandboxed
     dataset: str = "builtin"               # cache subfolder; `builtin` is prepared automatically when missing
     prepare_data: bool = True              # check (and for `builtin`, prepare) the data before the first run
     seed: int = 42
@@ -88,7 +94,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     where = f"{key} in {source}"
     num = (int, float)
     if value is None:
-        if key in {"time_budget", "eval_tokens", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus",
+        if key in {"time_budget", "eval_tokens", "holdout_tokens", "untimed_steps", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus",
                    "ray_address"}:
             return None
         raise ConfigError(f"{where} may not be empty")
@@ -117,11 +123,11 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{where} must be a non-empty string")
         return value
-    if key in ("prepare_data", "confirm_new_best"):
+    if key in ("prepare_data", "confirm_new_best", "sandbox"):
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false")
         return value
-    if key in ("seed", "eval_tokens", "degraded_warmup_steps", "degraded_patience", "max_consecutive_crashes",
+    if key in ("seed", "eval_tokens", "holdout_tokens", "untimed_steps", "degraded_warmup_steps", "degraded_patience", "max_consecutive_crashes",
                "last_n_results"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} must be an integer, not {value!r}")
@@ -130,8 +136,8 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         return value
     if key in ("time_budget", "startup_allowance", "eval_allowance", "noise", "min_mfu", "min_tokens_per_s",
                "agent_timeout", "hook_timeout", "max_log_mb"):
-        if isinstance(value, bool) or not isinstance(value, num):
-            raise ConfigError(f"{where} must be a number, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, num) or not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, not {value!r}")
         if value < 0 or (value == 0 and key in ("time_budget", "agent_timeout", "hook_timeout", "max_log_mb")):
             raise ConfigError(f"{where} must be positive, not {value}")
         return float(value)

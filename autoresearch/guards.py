@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +22,9 @@ from .errors import GitError
 from .knobs import parse_source
 from .gitops import GitRepo, git_state, restore_git_state
 
-RUNNER_ENV = ("AR_TIME_BUDGET", "AR_EVAL_TOKENS", "AR_RESULT_FILE", "AR_SEED", "AR_DATASET", "AR_CACHE",
-              "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE")
-RUNNER_FIELDS = ("time_budget", "eval_tokens", "result_file", "seed")
+RUNNER_ENV = ("AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_CACHE", "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE",
+              "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS")
+RUNNER_FIELDS = ("time_budget", "seed", "tok_dir", "checkpoint_dir", "untimed_steps")
 BOOKKEEPING = ("results.tsv", "queue.jsonl", "hooks.jsonl", "noise.json", "meta.json")
 
 
@@ -185,39 +184,18 @@ def check_files(repo: GitRepo, parent: str, paths: list[str]) -> str | None:
 
 @dataclass
 class RunWatch:
-    """What a training run must leave alone, taken just before it: .git, the loop's records under runs/<tag>/
-    (with their bytes, to put back), and the harness and data files (content digests / size and mtime)."""
+    """What a training run must leave alone, taken just before it: .git and the loop's records under runs/<tag>/
+    (with their bytes, to put back). The sandbox already forbids both; this catches an unsandboxed run. The
+    package and the data are integrity.Fingerprint's."""
 
     git: dict[str, bytes]
     runs: dict[str, tuple[int, int]]
     backups: dict[str, bytes]
-    files: dict[Path, tuple]
 
 
-def _digest(f: Path, hash_it: bool) -> tuple:
-    st = f.stat()
-    if hash_it:
-        return (hashlib.sha256(f.read_bytes()).hexdigest(),)
-    return (st.st_size, st.st_mtime_ns)
-
-
-def _watched_files(harness_dir: Path, data_dir: Path | None) -> dict[Path, tuple]:
-    out: dict[Path, tuple] = {}
-    for root, hash_it in ((harness_dir, True), (data_dir, False)):
-        if root is None or not root.is_dir():
-            continue
-        for f in root.rglob("*"):
-            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
-                try:
-                    out[f] = _digest(f, hash_it)
-                except OSError:
-                    continue
-    return out
-
-
-def watch_run(repo: GitRepo, tag_dir: Path, harness_dir: Path, data_dir: Path | None) -> RunWatch:
+def watch_run(repo: GitRepo, tag_dir: Path) -> RunWatch:
     backups = {n: (tag_dir / n).read_bytes() for n in BOOKKEEPING if (tag_dir / n).is_file()}
-    return RunWatch(git_state(repo.git_dir), _runs_files(tag_dir), backups, _watched_files(harness_dir, data_dir))
+    return RunWatch(git_state(repo.git_dir), _runs_files(tag_dir), backups)
 
 
 def run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path, own: str) -> str | None:
@@ -232,18 +210,6 @@ def run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path, own: str) -> str | No
                      if now_runs.get(k) != w.runs.get(k) and not k.startswith(own + "/"))
     if touched:
         return f"the run changed {tag_dir.name}/{touched[0]} under runs/ (the loop's records)"
-    return None
-
-
-def integrity_changes(w: RunWatch) -> str | None:
-    """Which harness or data file the run changed (it cannot be put back), or None."""
-    for f, sig in w.files.items():
-        try:
-            now = _digest(f, len(sig) == 1)
-        except OSError:
-            now = None
-        if now != sig:
-            return f"the run changed {f} (the harness and the data must not change at run time)"
     return None
 
 

@@ -50,17 +50,21 @@ from .hooks import Hooks
 from .knobs import read_knobs, set_knobs
 from .ledger import Ledger, Row, Status, now_iso
 from .lock import RepoLock
-from .metrics import DegradedWatch, StepPoint, check_record, parse_log_file, parse_step, recompute_mfu
+from .metrics import DegradedWatch, StepPoint, parse_log_file, parse_step, recompute_mfu
 from .proposers import Context, Proposal, ProposalFailed, Proposer
 from .proposers.search import describe_change
 from .queue import ExperimentQueue, Spec
-from .runner import STOP_INTERRUPTED, run_training
+from .experiment import evaluate, execute
+from .harness import checkpoint, sandbox
+from .harness.data import check_prepared
+from .integrity import Fingerprint
+from .request import RunRequest
+from .runner import STOP_INTERRUPTED
 
 Monitor = Callable[[StepPoint], "str | None"]
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
 DIFF_CAP = 1 << 20
 TAIL_LINES = 64
-HARNESS_DIR = Path(gpus.__file__).parent   # hashed before and after each run: train.py may not change it
 MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
 
 
@@ -158,6 +162,7 @@ class Loop:
             self._open = False
 
     def _open_locked(self) -> None:
+        self._trust()
         self.git.ensure_ignored()
         self.tag_dir.mkdir(parents=True, exist_ok=True)
         warn = lambda m: self.say(m, "warn")  # noqa: E731
@@ -186,6 +191,18 @@ class Loop:
         self.noise, source = self.cfg.noise_threshold(self.tag_dir)
         self.say(f"keep threshold {self.noise:g} val_bpb ({source})")
         self._write_status(state="running", experiment=None, step=None)
+
+    def _trust(self) -> None:
+        """The session's trust anchors: the prepared data, the package and data fingerprint, the sandbox."""
+        self.tok_dir = check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
+        if not getattr(self, "fingerprint", None):
+            self.fingerprint = Fingerprint.take(self.tok_dir)
+        ok, why = sandbox.available()
+        if not ok and self.cfg.sandbox:
+            raise ConfigError(f"cannot sandbox proposal code: {why}; fix that, or pass --unsandboxed to run without "
+                              "it (every result of the tag is then marked unsandboxed)")
+        self.sandboxed = ok and self.cfg.sandbox
+        self.allowance = self.cfg.startup_allowance   # tightened once the baseline's startup is measured
 
     def _prepare_tree(self, resume: bool) -> None:
         """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""
@@ -480,13 +497,23 @@ class Loop:
         row = self._row(x, status, m=m, reason=reason)
         return self._record(x, row)                                                       # 8, 9
 
+    def request(self, x: "_Exp", budget: float, seed: int) -> RunRequest:
+        """Step 3: everything this experiment's run needs, in one place."""
+        holdout = self.cfg.holdout_tokens if self.cfg.holdout_tokens is not None else self.eval_tokens // 8
+        return RunRequest(
+            tag=self.tag, exp_id=x.spec.id, commit=x.sha, time_budget=budget, seed=seed, profile=self.profile,
+            dataset=self.cfg.dataset, cache=default_cache(), tok_dir=self.tok_dir,
+            train_command=tuple(self.cfg.train_command), train_file=self.train_file, eval_tokens=self.eval_tokens,
+            holdout_tokens=holdout, startup_allowance=self.cfg.startup_allowance,
+            eval_allowance=self.cfg.eval_allowance,
+            untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
+                10 if self.profile.name == "gpu" else 2),
+            max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(self.slot_env))
+
     def _train(self, x: "_Exp", budget: float, seed: int):
-        record = x.exp_dir / "record.json"
-        record.unlink(missing_ok=True)
-        env = environ_without_git()
-        env.update(AR_TIME_BUDGET=f"{budget:g}", AR_EVAL_TOKENS=str(self.eval_tokens), AR_RESULT_FILE=str(record),
-                   AR_DATASET=self.cfg.dataset, AR_SEED=str(seed), AR_PROFILE=self.profile.name)
-        env.update(self.slot_env)
+        """Steps 4-5: train in a fresh sandboxed workspace on ar's clock, then the trusted evaluator scores the
+        checkpoint. Returns (run result, the status that stopped it early or None)."""
+        req = self.request(x, budget, seed)
         watch = (DegradedWatch(min_mfu=self.cfg.min_mfu, min_tokens_per_s=self.cfg.min_tokens_per_s,
                                warmup_steps=self.cfg.degraded_warmup_steps, patience=self.cfg.degraded_patience)
                  if self.cfg.min_mfu is not None or self.cfg.min_tokens_per_s is not None else None)
@@ -512,32 +539,71 @@ class Loop:
 
         x.t_run = time.time()
         scratch = self.root / "runs" / self.tag  # a slot's own copy in its worktree, else the ledger's folder
-        guard = guards.watch_run(self.git, scratch, HARNESS_DIR, default_cache() / self.cfg.dataset)
-        result = run_training(list(self.cfg.train_command), cwd=self.root, env=env, log_path=x.exp_dir / "train.log",
-                              timeout=budget + self.cfg.startup_allowance + self.cfg.eval_allowance,
-                              on_line=on_line, max_log_bytes=int(self.cfg.max_log_mb * 2**20))
-        x.wall = result.wall_seconds
-        x.tampered = guards.run_changes(self.git, guard, scratch, x.exp_dir.name)
-        if x.tampered:  # put .git and the records back before anything reads them
-            guards.undo_run_changes(self.git, guard, scratch)
-        broken = guards.integrity_changes(guard)
-        if broken:      # cannot be put back: this run is a crash, and the loop stops after recording it
-            x.tampered = self.halted = broken
+        guard = guards.watch_run(self.git, scratch)
+        ws, data_files = execute.make_workspace(self.git, x.sha, self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
+                                                self.tok_dir)
+        ev = evaluate.Evaluation(req, ws, self.fingerprint.eval_files, x.exp_dir / "record.json",
+                                 ws.root / "private.json")
+        try:
+            out = execute.run(req, ws, data_files, log_path=x.exp_dir / "train.log", on_line=on_line,
+                              allowance=self.allowance)
+            x.outcome = out
+            x.wall = out.result.wall_seconds
+            x.tampered = guards.run_changes(self.git, guard, scratch, x.exp_dir.name)
+            if x.tampered:  # put .git and the records back before anything reads them
+                guards.undo_run_changes(self.git, guard, scratch)
+            broken = self.fingerprint.changes()
+            if broken:      # cannot be put back: this run is a crash, and the loop stops after recording it
+                x.tampered = self.halted = f"the run changed what it may not: {broken}"
+            x.has_checkpoint = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
+            ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget
+                  and not x.tampered and x.has_checkpoint)
+            x.verdict = ev.finish(go=ok)
+        finally:
+            ev.kill()
+            for name, src in (("eval.log", ws.job / "eval.log"), ("evaluator.log", ws.root / "evaluator.log")):
+                if src.is_file():
+                    shutil.copyfile(src, x.exp_dir / name)
+            execute.remove_workspace(ws)
+        if x.verdict.holdout_bpb is not None:
+            self._private(x, x.verdict.holdout_bpb)
+        result = out.result
         if result.log_truncated:  # the cap dropped the end of the output: keep its last lines (the summary)
             with open(result.log_path, "a", encoding="utf-8", errors="replace") as f:
                 tail = "".join(ln[:400] + "\n" for ln in x.tail)
                 f.write(f"[ar] the last {len(x.tail)} lines of the output:\n{tail}")
         return result, (stopped_by[0] if stopped_by else None)
 
+    def _private(self, x: "_Exp", holdout: float) -> None:
+        """The hold-out score: kept where no log, report or prompt shows it."""
+        with open(self.tag_dir / ".holdout.jsonl", "a") as f:
+            f.write(json.dumps({"exp_id": x.spec.id, "commit": x.sha, "holdout_bpb": holdout}) + "\n")
+
+    def _holdout(self, sha: str) -> float | None:
+        try:
+            lines = (self.tag_dir / ".holdout.jsonl").read_text().splitlines()
+        except OSError:
+            return None
+        found = [json.loads(ln)["holdout_bpb"] for ln in lines if ln.strip() and json.loads(ln)["commit"] == sha]
+        return found[-1] if found else None
+
     def _classify(self, x: "_Exp", result, stopped_by: Status | None, budget: float):
-        """(failure status or None when the run counts, reason, metrics)."""
+        """(failure status or None when the run counts, reason, metrics). Only ar's clock and the trusted
+        evaluator's record decide; what the run printed is shown, never believed."""
         self._status_exp(x, "measuring", budget=budget)
         m = parse_log_file(result.log_path)
         faults.point("parse")
+        out, verdict = x.outcome, x.verdict
+        m.val_bpb = verdict.val_bpb                      # the evaluator's, never the printed one
+        m.training_seconds = round(out.trained, 3)       # ar's clock
+        m.total_seconds = round(result.wall_seconds, 3)
         _write_json(x.exp_dir / "metrics.json", {k: v for k, v in m.to_dict().items() if k != "steps"} |
-                    {"wall_seconds": result.wall_seconds, "returncode": result.returncode,
-                     "stop_reason": result.stop_reason, "log_truncated": result.log_truncated})
+                    {"wall_seconds": result.wall_seconds, "startup_seconds": out.startup,
+                     "returncode": result.returncode, "stop_reason": result.stop_reason,
+                     "log_truncated": result.log_truncated, "sandboxed": out.sandboxed})
         x.mfu = self._mfu(m)
+        if x.spec.kind == "baseline" and out.startup is not None and result.returncode == 0:
+            self.allowance = min(self.cfg.startup_allowance, 1.5 * out.startup + 10)
         if result.stop_reason == STOP_INTERRUPTED:
             return Status.INTERRUPTED, "interrupted", m
         if x.tampered:
@@ -545,23 +611,21 @@ class Loop:
         if stopped_by is not None:
             return stopped_by, result.stop_reason, m
         if result.timed_out:
-            return Status.TIMEOUT, (f"no result after {result.wall_seconds:.0f}s (budget {budget:g}s + "
+            return Status.TIMEOUT, (f"no checkpoint after {result.wall_seconds:.0f}s (budget {budget:g}s + "
                                     f"allowances); the process group was killed"), m
+        if out.over_budget:
+            return Status.TIMEOUT, out.over_budget, m
         if result.returncode != 0:
             why = m.fail_message or (result.stop_reason or f"exit code {result.returncode}")
             return Status.CRASH, why if m.fail_message else f"{why}; see train.log", m
-        if not m.has_summary:
-            return Status.CRASH, "no summary block in the log", m
+        if not x.has_checkpoint:
+            return Status.CRASH, "train.py exited without saving a checkpoint (autoresearch.harness.checkpoint.save)", m
+        if verdict.rejected:
+            return Status.REJECTED, f"the evaluator rejected the model: {verdict.rejected}", m
+        if verdict.error:
+            return Status.CRASH, f"evaluation failed: {verdict.error}", m
         if m.val_bpb is None or not math.isfinite(m.val_bpb):
-            return Status.CRASH, "val_bpb is not a number", m
-        if m.training_seconds is not None and m.training_seconds > budget * 1.1 + 2:
-            return Status.CRASH, f"trained {m.training_seconds:.1f}s, past the budget of {budget:g}s", m
-        bad = check_record(m, x.exp_dir / "record.json", self.eval_tokens, not_before=x.t_run)
-        if bad:
-            return Status.CRASH, f"val_bpb not confirmed by the evaluator: {bad}", m
-        touched = self.git.tracked_changes(x.sha)
-        if touched:
-            return Status.CRASH, f"the run changed {touched[0]} (tracked files must not change at run time)", m
+            return Status.CRASH, "no val_bpb from the evaluator (did train.py save a checkpoint?)", m
         return None, "", m
 
     def _confirm(self, x: "_Exp", best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
@@ -715,6 +779,9 @@ class _Exp:
     wall: float = 0.0
     row: Row | None = None           # set once the ledger has the row
     tampered: str | None = None      # what the run changed that it must not (.git, runs/, harness, data)
+    outcome: "execute.TrainOutcome | None" = None   # ar's clock on the run
+    verdict: "evaluate.Verdict | None" = None       # the trusted evaluator's record
+    has_checkpoint: bool = False
 
 
 def _message(x: _Exp, tag: str) -> str:

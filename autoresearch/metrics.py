@@ -2,7 +2,9 @@
 
 The format is harness/logfmt.py's. The LAST summary block counts (a `---` line followed by `key: value`
 lines); a value `unknown` is None; a non-finite number is None. `has_summary` needs the keys upstream's
-summary has (val_bpb ... depth); `gpu` and `peak_tflops` are optional, so upstream's train.py parses too.
+summary has (training_seconds ... depth); `gpu` and `peak_tflops` are optional. Everything here is what the run
+says of itself: shown, never trusted — a printed val_bpb is ignored (the trusted evaluator's counts) and the
+runner times the run with its own clock.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from .harness import gpus
 from .harness.logfmt import FAIL_PREFIX, STEP_RE, SUMMARY_KEYS, SUMMARY_LINE_RE, UNKNOWN
 
-REQUIRED_KEYS = ("val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
+REQUIRED_KEYS = ("training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                  "total_tokens_M", "num_steps", "num_params_M", "depth")
 _INT_KEYS = ("num_steps", "depth")
 WARMUP_STEPS = 10  # steps numbered below this are left out of tokens/s (upstream leaves them out of the budget)
@@ -141,38 +143,13 @@ def parse_log(text: str) -> Metrics:
     if raw is not None:
         for key, value in raw.items():
             setattr(m, key, _value(key, value))
-        m.has_summary = all(k in raw for k in REQUIRED_KEYS) and m.val_bpb is not None
+        m.has_summary = all(k in raw for k in REQUIRED_KEYS)
     m.tokens_per_s = median_tokens_per_s(m.steps)
     return m
 
 
 def parse_log_file(path: Path) -> Metrics:
     return parse_log(Path(path).read_bytes().decode("utf-8", errors="replace"))
-
-
-def check_record(m: Metrics, record_path: Path, eval_tokens: int, *, not_before: float | None = None) -> str | None:
-    """None if the printed val_bpb is the evaluator's (to 6 decimals) on the runner's eval_tokens, else why not.
-
-    `not_before` (a time.time()): a record written earlier is left over from another run.
-    """
-    try:
-        record = json.loads(Path(record_path).read_text())
-    except FileNotFoundError:
-        return "no evaluator record"
-    except (OSError, ValueError) as e:
-        return f"evaluator record unreadable: {e}"
-    if not isinstance(record, dict) or not isinstance(record.get("val_bpb"), (int, float)):
-        return "evaluator record has no val_bpb"
-    if m.val_bpb is None:
-        return "no val_bpb printed"
-    if f"{m.val_bpb:.6f}" != f"{float(record['val_bpb']):.6f}":
-        return f"printed val_bpb {m.val_bpb:.6f} != evaluator's {float(record['val_bpb']):.6f}"
-    if record.get("eval_tokens") != eval_tokens:
-        return f"eval_tokens changed: the record says {record.get('eval_tokens')}, the runner set {eval_tokens}"
-    written = record.get("written_at")
-    if not_before is not None and isinstance(written, (int, float)) and written < not_before:
-        return "evaluator record is older than this run"
-    return None
 
 
 def recompute_mfu(m: Metrics, peak: "gpus.Peak", flops_per_token: float | None = None) -> float | None:

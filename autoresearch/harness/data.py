@@ -121,10 +121,11 @@ def check_prepared(cache: Path, name: str, vocab_size: int) -> Path:
     return tok
 
 
-def check_tok_dir(tok_dir: Path) -> dict:
-    """The meta.json of a complete tokenized folder, or a DataError saying what is wrong with it."""
+def check_tok_dir(tok_dir: Path, splits: tuple[str, ...] = ("train", "val")) -> dict:
+    """The meta.json of a complete tokenized folder, or a DataError saying what is wrong with it. A training
+    run sees a train-only view (`train_view`): pass splits=("train",) there."""
     tok_dir = Path(tok_dir)
-    problem = _tok_problem(tok_dir)
+    problem = _tok_problem(tok_dir, splits)
     if problem:
         name, vocab = tok_dir.parent.name, tok_dir.name.removeprefix("tok-")
         hint = _prepare_hint(tok_dir.parent.parent, name, int(vocab)) if vocab.isdigit() else "ar prepare"
@@ -132,19 +133,34 @@ def check_tok_dir(tok_dir: Path) -> dict:
     return load_meta(tok_dir)
 
 
+TRAIN_FILES = ("meta.json", "tokenizer.json", "train.bin", "train.idx.npy")
+
+
+def train_view(tok_dir: Path, dest: Path) -> list[Path]:
+    """A folder of links to the training split only (no validation, no token-bytes table), for a sandboxed
+    run; returns the real files it links to, which the sandbox must let the run read."""
+    dest.mkdir(parents=True, exist_ok=True)
+    real = []
+    for name in TRAIN_FILES:
+        src = (Path(tok_dir) / name).resolve()
+        (dest / name).symlink_to(src)
+        real.append(src)
+    return real
+
+
 # ---- checks ------------------------------------------------------------------------------------------------
 
-def _tok_problem(tok: Path) -> str | None:
+def _tok_problem(tok: Path, splits: tuple[str, ...] = ("train", "val")) -> str | None:
     if not (tok / "meta.json").is_file():
         return f"no {tok / 'meta.json'}"
     try:
         meta = load_meta(tok)
         if meta.get("format") != FORMAT:
             return f"{tok} was made by another version of the harness"
-        for name in ("tokenizer.json", "token_bytes.npy"):
+        for name in ("tokenizer.json", "token_bytes.npy") if "val" in splits else ("tokenizer.json",):
             if not (tok / name).is_file():
                 return f"{tok / name} is missing"
-        for split in ("train", "val"):
+        for split in splits:
             counts = meta[split]
             size = (tok / f"{split}.bin").stat().st_size
             if size != 2 * counts["tokens"]:

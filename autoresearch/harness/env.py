@@ -45,15 +45,19 @@ def resolve_profile(name: str | None = None) -> Profile:
 
 @dataclass(frozen=True)
 class RunEnv:
+    """A training run's settings. Under `ar run` the data folder is a train-only view and the checkpoint folder
+    is where the run's weights must go; run by hand, the cache's dataset and ./checkpoint are used."""
+
     profile: Profile
     time_budget: float
-    eval_tokens: int
-    result_file: Path | None
     dataset: str
     cache: Path
     seed: int
     peak_tflops: float | None
     gpu_memory_gb: float | None  # emulate a smaller card (e.g. 32 for an RTX 5090) on a larger one
+    tok_dir: Path | None         # AR_TOK_DIR: the training split (a view without validation data)
+    checkpoint_dir: Path         # AR_CHECKPOINT_DIR: where the weights go; nothing else of the run counts
+    untimed_steps: int | None    # AR_UNTIMED_STEPS: warm-up steps (compilation) not counted on the run's own clock
 
     @property
     def data_dir(self) -> Path:
@@ -73,16 +77,16 @@ class RunEnv:
             except ValueError:
                 raise ValueError(f"{key}={raw!r} is not a number; unset it or give a number") from None
 
-        peak = num("AR_PEAK_TFLOPS", float, None)
-        result = e.get("AR_RESULT_FILE")
+        tok = e.get("AR_TOK_DIR")
         return cls(
             profile=profile,
             time_budget=num("AR_TIME_BUDGET", float, profile.time_budget),
-            eval_tokens=num("AR_EVAL_TOKENS", int, profile.eval_tokens),
-            result_file=Path(result) if result else None,
             dataset=e.get("AR_DATASET") or "builtin",
             cache=Path(e.get("AR_CACHE") or Path.home() / ".cache" / "autoresearch"),
             seed=num("AR_SEED", int, 42),
-            peak_tflops=peak,
+            peak_tflops=num("AR_PEAK_TFLOPS", float, None),
             gpu_memory_gb=num("AR_GPU_MEMORY_GB", float, None),
+            tok_dir=Path(tok) if tok else None,
+            checkpoint_dir=Path(e.get("AR_CHECKPOINT_DIR") or "checkpoint"),
+            untimed_steps=num("AR_UNTIMED_STEPS", int, None),
         )

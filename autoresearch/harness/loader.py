@@ -129,7 +129,7 @@ class PackedLoader:
         if batch_size < 1 or seq_len < 1:
             raise ValueError(f"batch size and sequence length must be positive (got {batch_size}, {seq_len})")
         tok_dir = Path(tok_dir)
-        check_tok_dir(tok_dir)
+        check_tok_dir(tok_dir, (split,))
         self.tokens = np.memmap(tok_dir / f"{split}.bin", dtype=np.uint16, mode="r")
         self.offsets = np.load(tok_dir / f"{split}.idx.npy")
         self.lengths = np.diff(self.offsets)

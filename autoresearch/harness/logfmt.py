@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-SUMMARY_KEYS = (
-    "val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
+SUMMARY_KEYS = (                     # what the run says of itself: advisory, never a result (the evaluator's is)
+    "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
     "total_tokens_M", "num_steps", "num_params_M", "depth", "gpu", "peak_tflops",
 )
 UNKNOWN = "unknown"
@@ -37,11 +37,11 @@ def _fmt(v, digits: int) -> str:
     return str(v)
 
 
-def format_summary(*, val_bpb: float, training_seconds: float, total_seconds: float, peak_vram_mb: float | None,
+def format_summary(*, training_seconds: float, total_seconds: float, peak_vram_mb: float | None,
                    mfu_percent: float | None, total_tokens_M: float, num_steps: int, num_params_M: float,
                    depth: int, gpu: str, peak_tflops: float | None) -> str:
     values = dict(
-        val_bpb=_fmt(float(val_bpb), 6), training_seconds=_fmt(float(training_seconds), 1),
+        training_seconds=_fmt(float(training_seconds), 1),
         total_seconds=_fmt(float(total_seconds), 1),
         peak_vram_mb=_fmt(None if peak_vram_mb is None else float(peak_vram_mb), 1),
         mfu_percent=_fmt(None if mfu_percent is None else float(mfu_percent), 2),

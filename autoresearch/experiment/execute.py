@@ -1,0 +1,117 @@
+"""Execute: one training run of a committed proposal, in a fresh workspace, in the sandbox, on ar's clock.
+
+1. The workspace is made anew for every run: the commit's tree exported (`git archive`: tracked files only,
+   so no untracked file, __pycache__ or stray checkpoint of an earlier run survives), an empty checkpoint
+   folder, a scratch folder that is HOME, TMPDIR and every cache, and a train-only view of the data.
+2. train.py runs there under the sandbox (harness/sandbox.py): it can read the interpreter, the libraries, its
+   own tree and the training split; it can write its tree, the checkpoint folder and scratch; nothing else —
+   not the validation split, not the token-bytes table, not runs/, not .git, not the installed package.
+3. ar owns the clock: it notes when the first step line arrives (startup) and when the process exits. The run
+   is `timeout` when it ran past budget + startup allowance + a last-step slack, whatever it printed.
+4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
+   killed before the result is returned (runner.run_training + the supervisor).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..gitops import GitRepo
+from ..harness import sandbox
+from ..harness.data import train_view
+from ..request import RunRequest
+from ..runner import RunResult, run_training
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path              # runs/<tag>/work/<NNNN>: deleted after the experiment
+    src: Path               # the commit's tree
+    checkpoint: Path
+    scratch: Path
+    data: Path              # the train-only view
+    job: Path               # the evaluator's folder for this experiment (buffers, eval.log)
+
+    @classmethod
+    def at(cls, root: Path) -> "Workspace":
+        return cls(root, root / "src", root / "checkpoint", root / "scratch", root / "data", root / "eval")
+
+
+def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path) -> tuple[Workspace, list[Path]]:
+    """A fresh workspace for `commit`; also the real data files the run may read."""
+    shutil.rmtree(root, ignore_errors=True)
+    ws = Workspace.at(root)
+    for d in (ws.src, ws.checkpoint, ws.scratch, ws.job):
+        d.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(git.root), "archive", "--format=tar", commit], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(ws.src)], input=archive, check=True)
+    return ws, train_view(tok_dir, ws.data)
+
+
+def remove_workspace(ws: Workspace) -> None:
+    shutil.rmtree(ws.root, ignore_errors=True)
+
+
+def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict:
+    p = sandbox.base_policy()
+    p["read"] += [str(ws.data), *map(str, data_files), str(req.cache / "probe")]
+    p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch)]
+    return p
+
+
+@dataclass
+class TrainOutcome:
+    result: RunResult
+    startup: float | None                 # ar's clock: process start -> first step line
+    trained: float                        # ar's clock: first step line (or start) -> exit
+    step_interval: float | None           # median gap between step lines as they arrived
+    over_budget: str | None               # why the run counts as past its budget, or None
+    sandboxed: bool
+    arrivals: list[float] = field(default_factory=list)
+
+
+def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
+        on_line: Callable[[str], str | None] | None = None, allowance: float | None = None) -> TrainOutcome:
+    """Train once; `allowance` is the startup allowance this run gets (tightened after the baseline)."""
+    cmd = list(req.train_command)
+    if req.sandbox:
+        policy = ws.root / "train-policy.json"
+        policy.write_text(json.dumps(train_policy(req, ws, data_files)))
+        cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
+    env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
+    arrivals: list[float] = []
+    t0 = time.monotonic()
+
+    def clocked(line: str) -> str | None:
+        if line.startswith("step "):
+            arrivals.append(time.monotonic() - t0)
+        return on_line(line) if on_line else None
+
+    result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(), on_line=clocked,
+                          max_log_bytes=req.max_log_bytes)
+    startup = arrivals[0] if arrivals else None
+    trained = result.wall_seconds - (startup or 0.0)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    interval = statistics.median(gaps) if gaps else None
+    allowance = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
+    slack = min(req.step_slack_cap(), max(2.0, 2 * (interval or 0.0)))
+    limit = req.time_budget + allowance + slack
+    over = None
+    if result.stop_reason:
+        pass
+    elif result.wall_seconds > limit:
+        over = (f"ran {result.wall_seconds:.1f}s by ar's clock, past the budget {req.time_budget:g}s + startup "
+                f"allowance {allowance:.1f}s + last-step slack {slack:.1f}s")
+    elif trained > req.time_budget + slack:
+        over = (f"trained {trained:.1f}s by ar's clock after its first step, past the budget {req.time_budget:g}s "
+                f"+ last-step slack {slack:.1f}s")
+    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, arrivals)

@@ -1,0 +1,300 @@
+"""The trusted evaluator: bits per byte of a checkpoint, computed here from the model's logits.
+
+    python -I -B -m autoresearch.harness.evaluator REQUEST.json     (started by the runner; waits for "go")
+
+It runs in a fresh interpreter with no checkout on sys.path and never imports the proposal. It holds the
+validation tokens and the token-bytes table; the proposal's model runs in a sandboxed worker (worker.py) that
+cannot open either, gets token ids only (never the targets) through a shared buffer, and returns logits.
+Here: cross-entropy = logsumexp(logits) − logit[target], summed in float64 over exactly `eval_tokens` targets,
+divided by ln 2 × the UTF-8 bytes those targets stand for (special tokens have no bytes and count in neither).
+
+Checks, each a rejection with a reason a user can read:
+- the validation files, token-bytes table and tokenizer hash to the session's manifest (sha256);
+- logits are finite and of shape [rows, T, vocab];
+- causality: at a batch chosen in secret, a few rows are sent again with the tokens after a secret cut replaced
+  by random ones, in a shuffled batch; logits before the cut must not change (a model that looks ahead fails);
+- purity: the other rows of that batch, sent again in other positions, must give the same logits (a model
+  that learns from what it is shown, or keys on batch position, fails).
+A hold-out slice (validation rows after the evaluated ones) is scored the same way and written only to the
+private file the runner names, never to the record or any log.
+
+REQUEST (JSON): tok_dir, dataset, seq_len, eval_tokens, holdout_tokens, rows, device, manifest {file: sha256},
+checkpoint, source, train_file, job_dir, record, private, timeout, sandbox (bool), policy (the worker's
+sandbox policy), tolerance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pickle
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FILES = ("meta.json", "tokenizer.json", "token_bytes.npy", "val.bin", "val.idx.npy")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest(tok_dir: Path) -> dict[str, str]:
+    """sha256 of every file the evaluator reads; taken at session start, checked before every evaluation."""
+    return {name: sha256_file(Path(tok_dir) / name) for name in FILES}
+
+
+class Rejected(Exception):
+    """The checkpoint or the model's behaviour disqualifies the run (the message says why)."""
+
+
+class _Worker:
+    """The sandboxed model process and its line protocol."""
+
+    def __init__(self, req: dict, log):
+        cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.worker", req["job_dir"]]
+        if req.get("sandbox", True):
+            policy = Path(req["job_dir"]) / "policy.json"
+            policy.write_text(json.dumps(req["policy"]))
+            cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES")}
+        env.update(HOME=req["job_dir"], TMPDIR=req["job_dir"], PYTHONUNBUFFERED="1", **req.get("env", {}))
+        self.proc = subprocess.Popen(cmd, cwd=req["source"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=log, text=True, bufsize=1, start_new_session=True)
+        self.deadline = math.inf
+
+    def send(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise Rejected("the model process exited early; see eval.log") from None
+
+    def expect(self, what: str) -> None:
+        import select
+        left = self.deadline - time.monotonic()
+        if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+            raise Rejected("the model took longer than the evaluation allowance")
+        line = self.proc.stdout.readline().strip()
+        if line == what:
+            return
+        if line.startswith("err "):
+            raise Rejected(f"the model failed: {line[4:]}")
+        raise Rejected("the model process exited early; see eval.log" if not line else
+                       f"the model process said {line[:80]!r} instead of {what!r}")
+
+    def close(self) -> None:
+        try:
+            self.send("exit")
+        except Rejected:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, 9)
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def _batches(tok_dir: Path, rows: int, seq_len: int, n_tokens: int, skip_tokens: int = 0):
+    """(x, y) CPU batches covering n_tokens targets after the first skip_tokens, in the split's fixed order."""
+    from .loader import PackedLoader
+    per = rows * seq_len
+    skip, n = -(-skip_tokens // per) if skip_tokens else 0, -(-n_tokens // per)
+    out = []
+    with PackedLoader(tok_dir, "val", rows, seq_len, shuffle=False, prefetch=2) as loader:
+        for i in range(skip + n):
+            x, y = next(loader)
+            if i >= skip:
+                out.append((x.clone(), y.clone()))
+    return out
+
+
+def evaluate(req: dict, go=lambda: None) -> dict:
+    """Score the checkpoint named by `req`; returns the record (the runner's) and the hold-out (private)."""
+    import numpy as np
+    import torch
+
+    t0 = time.monotonic()
+    tok_dir, job = Path(req["tok_dir"]), Path(req["job_dir"])
+    B, T = int(req["rows"]), int(req["seq_len"])
+    record = {"val_bpb": None, "eval_tokens": int(req["eval_tokens"]), "eval_bytes": None, "dataset": req["dataset"],
+              "seq_len": T, "rejected": None, "causal_max_diff": None, "purity_max_diff": None}
+    with open(job / "eval.log", "w") as log:
+        worker = _Worker(req, log)                   # starts now: its imports overlap the data checks and the wait
+        try:
+            for name, digest in req["manifest"].items():
+                if sha256_file(tok_dir / name) != digest:
+                    raise Rejected(f"the data changed during the session ({name} no longer has the hash taken at "
+                                   "its start); restore it (`ar prepare`) and start again")
+            token_bytes = torch.from_numpy(np.load(tok_dir / "token_bytes.npy").astype(np.int64))
+            V = int(token_bytes.numel())
+            meta = json.loads((tok_dir / "meta.json").read_text())
+            holdout = int(req.get("holdout_tokens") or 0)
+            if holdout and record["eval_tokens"] + holdout + 2 * B * T > meta["val"]["tokens"]:
+                holdout = 0                          # too small a split: no hold-out rather than a re-used one
+            batches = _batches(tok_dir, B, T, record["eval_tokens"])
+            held = _batches(tok_dir, B, T, holdout, skip_tokens=record["eval_tokens"]) if holdout else []
+            device = torch.device(req["device"])
+            go()                                     # the runner: the checkpoint is complete
+            t_go = time.monotonic()
+            (job / "job.json").write_text(json.dumps({"rows": B, "seq_len": T, "vocab": V, "device": req["device"],
+                                                      "checkpoint": req["checkpoint"], "source": req["source"],
+                                                      "train_file": req["train_file"]}))
+            inp, out = _buffers(job, B, T, V, device)
+            worker.deadline = time.monotonic() + float(req["timeout"])
+            worker.send("go")
+            worker.expect("ready")
+            token_bytes = token_bytes.to(device)
+            secret = secrets.SystemRandom()
+            check_at = secret.randrange(len(batches))
+            nats, nbytes = _score(worker, inp, out, batches, token_bytes, record["eval_tokens"], device,
+                                  check=(check_at, secret, req, record))
+            if nbytes == 0:
+                raise Rejected(f"the {record['eval_tokens']} evaluated targets stand for no bytes")
+            bpb = nats / (math.log(2) * nbytes)
+            if not math.isfinite(bpb):
+                raise Rejected("val_bpb is not finite")
+            record.update(val_bpb=bpb, eval_bytes=nbytes)
+            private = {"holdout_bpb": None, "holdout_tokens": 0}
+            if held:
+                hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device)
+                private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
+            record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
+        except Rejected as e:
+            record.update(val_bpb=None, rejected=str(e))
+            private = {"holdout_bpb": None, "holdout_tokens": 0}
+        finally:
+            worker.close()
+            for name in ("in.bin", "out.bin", "ipc.pkl"):
+                (job / name).unlink(missing_ok=True)
+    return {"record": record, "private": private}
+
+
+def _buffers(job: Path, B: int, T: int, V: int, device):
+    """The shared input (token ids) and output (logits) buffers, allocated here, mapped by the worker."""
+    import torch
+    if device.type == "cuda":
+        from torch.multiprocessing.reductions import reduce_tensor
+        inp = torch.zeros(B, T, dtype=torch.int64, device=device)
+        out = torch.zeros(B, T, V, dtype=torch.float32, device=device)
+        fn, a = reduce_tensor(inp)
+        _, b = reduce_tensor(out)
+        (job / "ipc.pkl").write_bytes(pickle.dumps((fn, (a, b))))
+        return inp, out
+    for name, n, dtype in (("in.bin", B * T, torch.int64), ("out.bin", B * T * V, torch.float32)):
+        with open(job / name, "wb") as f:
+            f.truncate(n * torch.tensor([], dtype=dtype).element_size())
+    inp = torch.from_file(str(job / "in.bin"), shared=True, size=B * T, dtype=torch.int64).view(B, T)
+    out = torch.from_file(str(job / "out.bin"), shared=True, size=B * T * V, dtype=torch.float32).view(B, T, V)
+    return inp, out
+
+
+def _call(worker: _Worker, inp, out, x):
+    """The model's logits for the rows of x (a private copy, taken the moment the worker says ok)."""
+    import torch
+    n = x.size(0)
+    inp[:n].copy_(x)
+    if inp.is_cuda:
+        torch.cuda.synchronize()
+    worker.send(f"run {n}")
+    worker.expect("ok")
+    logits = out[:n].clone()
+    if not torch.isfinite(logits).all():
+        raise Rejected("the model's logits are not finite")
+    return logits
+
+
+def _nll(logits, y):
+    return logits.logsumexp(-1) - logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+
+
+def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=None):
+    """Summed nats and bytes over exactly n_tokens targets (rows in order; the last batch counted in part)."""
+    import torch
+    nats = torch.zeros((), dtype=torch.float64, device=device)
+    nbytes = torch.zeros((), dtype=torch.int64, device=device)
+    left = n_tokens
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(device), y.to(device)
+        logits = _call(worker, inp, out, x)
+        w = token_bytes[y]
+        per = y.numel()
+        if left < per:
+            w = w * (torch.arange(per, device=device).view_as(y) < left)
+        nats += torch.where(w > 0, _nll(logits, y).double(), 0.0).sum()
+        nbytes += w.sum()
+        left -= min(left, per)
+        if check is not None and i == check[0]:
+            _check_causal(worker, inp, out, x, logits, *check[1:])
+        del logits
+    return float(nats.item()), int(nbytes.item())
+
+
+def _check_causal(worker, inp, out, x, logits, secret, req: dict, record: dict) -> None:
+    """Resend x shuffled, with a few rows' futures randomised; earlier logits must not move."""
+    import torch
+    B, T = x.shape
+    V = logits.size(-1)
+    k = min(int(req.get("causal_rows", 4)), B)
+    tol = float(req.get("tolerance", 1e-3))
+    rows = secret.sample(range(B), k)
+    cuts = {r: secret.randrange(max(1, T // 4), T) for r in rows}
+    probe = x.clone()
+    gen = torch.Generator().manual_seed(secret.getrandbits(63))
+    for r, c in cuts.items():
+        probe[r, c:] = torch.randint(0, V, (T - c,), generator=gen).to(x.device)
+    perm = secret.sample(range(B), B)
+    again = _call(worker, inp, out, probe[perm])
+    back = torch.empty_like(again)
+    back[perm] = again
+    causal, pure = 0.0, 0.0
+    for r in range(B):
+        if r in cuts:
+            c = cuts[r]
+            causal = max(causal, float((back[r, :c] - logits[r, :c]).abs().max()))
+        else:
+            pure = max(pure, float((back[r] - logits[r]).abs().max()))
+    record.update(causal_max_diff=causal, purity_max_diff=pure)
+    if causal > tol:
+        raise Rejected(f"the model looks ahead: its logits at earlier positions changed by {causal:.3g} when only "
+                       f"later tokens changed (tolerance {tol:g}); attention must be causal")
+    if pure > tol:
+        raise Rejected(f"the model is not a pure function of its input: the same rows gave logits {pure:.3g} apart "
+                       f"when sent again in another order (tolerance {tol:g})")
+
+
+def main(argv: list[str]) -> int:
+    req = json.loads(Path(argv[0]).read_text())
+
+    def go():
+        line = sys.stdin.readline().strip()
+        if line != "go":
+            raise Rejected("the run ended without a checkpoint")
+
+    try:
+        result = evaluate(req, go)
+    except Exception as e:                           # a harness failure, not the model's: the runner says so
+        result = {"record": {"val_bpb": None, "rejected": None, "error": f"{type(e).__name__}: {e}"},
+                  "private": {}}
+    for key, path in (("record", req["record"]), ("private", req.get("private"))):
+        if path:
+            tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+            tmp.write_text(json.dumps(result[key]))
+            os.replace(tmp, path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

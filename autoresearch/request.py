@@ -1,0 +1,71 @@
+"""RunRequest: everything one experiment's run needs, built in one place; `to_environ` is the only place the
+training process's environment is made.
+
+The training process inherits nothing of ar's environment but PATH, the locale and the slot's GPU: HOME,
+TMPDIR and every cache point into the run's own scratch folder, which is deleted afterwards, so nothing one
+proposal leaves behind reaches the next.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .harness.env import Profile
+
+PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "AR_PEAK_TFLOPS", "AR_GPU_TABLE", "AR_GPU_MEMORY_GB",
+                  "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    tag: str
+    exp_id: int
+    commit: str
+    time_budget: float
+    seed: int
+    profile: Profile
+    dataset: str
+    cache: Path
+    tok_dir: Path                         # the prepared dataset (the run sees a train-only view of it)
+    train_command: tuple[str, ...]
+    train_file: str
+    eval_tokens: int
+    holdout_tokens: int
+    startup_allowance: float              # seconds before training counts (imports, compile), already tightened
+    eval_allowance: float
+    untimed_steps: int
+    max_log_bytes: int
+    sandbox: bool
+    slot_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.profile.name == "gpu" else "cpu"
+
+    @property
+    def eval_rows(self) -> int:
+        """Rows per evaluation call: 2**16 tokens on a GPU (1 GiB of float32 logits at vocab 8192), 2**12 on CPU."""
+        return max(1, (2**16 if self.device == "cuda" else 2**12) // self.profile.seq_len)
+
+    def hard_limit(self) -> float:
+        """Seconds after which the training process is killed, whatever it is doing."""
+        return self.time_budget + self.startup_allowance + self.step_slack_cap()
+
+    def step_slack_cap(self) -> float:
+        """The most a last step that started inside the budget may run over it."""
+        return 2.0 + 0.1 * self.time_budget
+
+    def to_environ(self, *, tok_view: Path, checkpoint_dir: Path, scratch: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH}
+        env.update(self.slot_env)
+        cache = scratch / "cache"
+        env.update(
+            HOME=str(scratch), TMPDIR=str(scratch), XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1",
+            TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
+            AR_TIME_BUDGET=f"{self.time_budget:g}", AR_SEED=str(self.seed), AR_PROFILE=self.profile.name,
+            AR_DATASET=self.dataset, AR_CACHE=str(self.cache), AR_TOK_DIR=str(tok_view),
+            AR_CHECKPOINT_DIR=str(checkpoint_dir), AR_UNTIMED_STEPS=str(self.untimed_steps),
+        )
+        return env
