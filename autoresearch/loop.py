@@ -55,7 +55,8 @@ from .proposers import Context, Proposal, ProposalFailed, Proposer
 from .proposers.search import describe_change
 from .queue import ExperimentQueue, Spec
 from .experiment import evaluate, execute
-from .harness import checkpoint, sandbox
+from .experiment.trial import run_trial
+from .harness import sandbox
 from .harness.data import check_prepared
 from .integrity import Fingerprint
 from .request import RunRequest
@@ -540,31 +541,18 @@ class Loop:
         x.t_run = time.time()
         scratch = self.root / "runs" / self.tag  # a slot's own copy in its worktree, else the ledger's folder
         guard = guards.watch_run(self.git, scratch)
-        ws, data_files = execute.make_workspace(self.git, x.sha, self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
-                                                self.tok_dir)
-        ev = evaluate.Evaluation(req, ws, self.fingerprint.eval_files, x.exp_dir / "record.json",
-                                 ws.root / "private.json")
-        try:
-            out = execute.run(req, ws, data_files, log_path=x.exp_dir / "train.log", on_line=on_line,
-                              allowance=self.allowance)
-            x.outcome = out
-            x.wall = out.result.wall_seconds
-            x.tampered = guards.run_changes(self.git, guard, scratch, x.exp_dir.name)
-            if x.tampered:  # put .git and the records back before anything reads them
+
+        def after_run() -> str | None:
+            changed = guards.run_changes(self.git, guard, scratch, x.exp_dir.name)
+            if changed:  # put .git and the records back before anything reads them
                 guards.undo_run_changes(self.git, guard, scratch)
-            broken = self.fingerprint.changes()
-            if broken:      # cannot be put back: this run is a crash, and the loop stops after recording it
-                x.tampered = self.halted = f"the run changed what it may not: {broken}"
-            x.has_checkpoint = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
-            ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget
-                  and not x.tampered and x.has_checkpoint)
-            x.verdict = ev.finish(go=ok)
-        finally:
-            ev.kill()
-            for name, src in (("eval.log", ws.job / "eval.log"), ("evaluator.log", ws.root / "evaluator.log")):
-                if src.is_file():
-                    shutil.copyfile(src, x.exp_dir / name)
-            execute.remove_workspace(ws)
+            return changed
+
+        trial = run_trial(req, self.git, work_root=self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
+                          exp_dir=x.exp_dir, manifest=self.fingerprint.eval_files, fingerprint=self.fingerprint,
+                          on_line=on_line, allowance=self.allowance, after_run=after_run)
+        self._take(x, trial)
+        out = trial.outcome
         if x.verdict.holdout_bpb is not None:
             self._private(x, x.verdict.holdout_bpb)
         result = out.result
@@ -573,6 +561,14 @@ class Loop:
                 tail = "".join(ln[:400] + "\n" for ln in x.tail)
                 f.write(f"[ar] the last {len(x.tail)} lines of the output:\n{tail}")
         return result, (stopped_by[0] if stopped_by else None)
+
+    def _take(self, x: "_Exp", trial) -> None:
+        """A finished trial's facts onto the experiment (here or from a Ray worker)."""
+        x.outcome, x.verdict, x.has_checkpoint = trial.outcome, trial.verdict, trial.has_checkpoint
+        x.wall = trial.outcome.result.wall_seconds
+        x.tampered = trial.tampered
+        if trial.integrity:   # cannot be put back: this run is a crash, and the loop stops after recording it
+            self.halted = trial.tampered
 
     def _private(self, x: "_Exp", holdout: float) -> None:
         """The hold-out score: kept where no log, report or prompt shows it."""

@@ -1,0 +1,52 @@
+"""One trial of a committed proposal: fresh workspace → evaluator started → sandboxed training → checks → go.
+
+The same function runs the trial on this machine (every slot) and on a Ray worker, so that the trust path is
+one path. `after_run` is the caller's check once every process of the run is gone (what the run changed that it
+may not); a reason there, or a changed package or data, means the checkpoint is not scored.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..gitops import GitRepo
+from ..harness import checkpoint
+from ..integrity import Fingerprint
+from ..request import RunRequest
+from . import evaluate, execute
+
+
+@dataclass
+class Trial:
+    outcome: execute.TrainOutcome
+    verdict: evaluate.Verdict
+    has_checkpoint: bool
+    tampered: str | None            # what the run changed that it may not (then nothing was scored)
+    integrity: str | None           # the package or the data changed: no later run can count either
+
+
+def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, manifest: dict,
+              fingerprint: Fingerprint | None, on_line: Callable[[str], str | None] | None = None,
+              allowance: float | None = None, after_run: Callable[[], str | None] | None = None) -> Trial:
+    ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
+    ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json")
+    try:
+        out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
+        tampered = after_run() if after_run else None
+        broken = fingerprint.changes() if fingerprint else None
+        if broken:
+            tampered = f"the run changed what it may not: {broken}"
+        has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
+        ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
+              and has_ckpt)
+        verdict = ev.finish(go=ok)
+    finally:
+        ev.kill()
+        for name, src in (("eval.log", ws.job / "eval.log"), ("evaluator.log", ws.root / "evaluator.log")):
+            if src.is_file():
+                shutil.copyfile(src, exp_dir / name)
+        execute.remove_workspace(ws)
+    return Trial(out, verdict, has_ckpt, tampered, broken)
