@@ -128,6 +128,7 @@ class Loop:
         self._status_lock = threading.Lock()
         self.halted: str | None = None  # the harness or data changed under a run: no further run can count
         self.slot_env: dict[str, str] = {}  # added to train.py's environment (a GPU slot's CUDA_VISIBLE_DEVICES)
+        self._servers: list[evaluate.Server] = []     # evaluator servers of this loop and its slots
 
     # ----------------------------------------------------------------------------------- open / close
     def say(self, message: str, kind: str = "info") -> None:
@@ -157,6 +158,9 @@ class Loop:
         self._open = True
 
     def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
         if self._open:
             self._write_status(state="stopped", experiment=None, step=None)
             self._lock.release()
@@ -550,7 +554,7 @@ class Loop:
 
         trial = run_trial(req, self.git, work_root=self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
                           exp_dir=x.exp_dir, manifest=self.fingerprint.eval_files, fingerprint=self.fingerprint,
-                          on_line=on_line, allowance=self.allowance, after_run=after_run)
+                          on_line=on_line, allowance=self.allowance, after_run=after_run, server=self._evaluator())
         self._take(x, trial)
         out = trial.outcome
         if x.verdict.holdout_bpb is not None:
@@ -561,6 +565,15 @@ class Loop:
                 tail = "".join(ln[:400] + "\n" for ln in x.tail)
                 f.write(f"[ar] the last {len(x.tail)} lines of the output:\n{tail}")
         return result, (stopped_by[0] if stopped_by else None)
+
+    def _evaluator(self) -> evaluate.Server:
+        """This loop's (or this slot's) evaluator server, started on first use, stopped with the loop."""
+        server = self.__dict__.get("_eval_server")
+        if server is None:
+            log = self.tag_dir.parent / ".work" / f"{self.tag}-evaluator-{len(self._servers)}.log"
+            server = self._eval_server = evaluate.Server(log, self.slot_env)
+            self._servers.append(server)
+        return server
 
     def _take(self, x: "_Exp", trial) -> None:
         """A finished trial's facts onto the experiment (here or from a Ray worker)."""

@@ -130,6 +130,7 @@ class ParallelLoop(Loop):
         view = self._views.get(slot.index)
         if view is None:
             view = copy.copy(self)
+            view.__dict__.pop("_eval_server", None)   # each slot evaluates on its own server
             view.git = self.executor.worktree(self, slot)
             view.root = view.git.root
             view._slot, view._main = slot, self

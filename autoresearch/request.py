@@ -55,7 +55,7 @@ class RunRequest:
 
     def step_slack_cap(self) -> float:
         """The most a last step that started inside the budget may run over it."""
-        return 2.0 + 0.1 * self.time_budget
+        return 5.0 + 0.1 * self.time_budget
 
     def to_environ(self, *, tok_view: Path, checkpoint_dir: Path, scratch: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH}

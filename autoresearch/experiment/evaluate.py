@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,59 +40,96 @@ def worker_policy(ws: Workspace) -> dict:
     return p
 
 
-class Evaluation:
-    """One evaluator process for one experiment."""
+class Server:
+    """A session's evaluator process (`evaluator serve`), started on first use, restarted when it dies.
+    One per slot: each serves one experiment at a time; its model fork server is its child."""
 
-    def __init__(self, req: RunRequest, ws: Workspace, manifest: dict, record: Path, private: Path):
-        self.record, self.private, self.req = record, private, req
-        doc = {"tok_dir": str(req.tok_dir), "dataset": req.dataset, "seq_len": req.profile.seq_len,
+    def __init__(self, log_path: Path, slot_env: dict[str, str] | None = None):
+        self.log_path, self.slot_env = log_path, dict(slot_env or {})
+        self.proc: subprocess.Popen | None = None
+        self.next_id = 0
+
+    def ensure(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            env = {k: v for k, v in os.environ.items() if k in _ENV}
+            env.update(self.slot_env, HOME=str(self.log_path.parent), PYTHONUNBUFFERED="1")
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-B", "-m", "autoresearch.harness.evaluator", "serve"], cwd="/", env=env,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True, bufsize=0)
+        return self.proc
+
+    def send(self, line: str) -> bool:
+        try:
+            self.ensure().stdin.write(line.encode() + b"\n")
+            return True
+        except OSError:
+            return False
+
+    def wait_done(self, rid: int, timeout: float) -> bool:
+        import select
+        proc = self.proc
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while proc is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                self.close()
+                return False
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                self.close()
+                return False
+            buf += chunk
+            if f"done {rid}\n".encode() in buf:
+                return True
+        return False
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, 9)
+        except OSError:
+            pass
+        self.proc.wait()
+        self.proc = None
+
+
+class Evaluation:
+    """One experiment's evaluation on a session's server: submitted when training starts, released after."""
+
+    def __init__(self, req: RunRequest, ws: Workspace, manifest: dict, record: Path, private: Path, server: Server):
+        self.record, self.private, self.req, self.server = record, private, req, server
+        server.next_id += 1
+        self.rid = server.next_id
+        doc = {"id": self.rid, "tok_dir": str(req.tok_dir), "dataset": req.dataset, "seq_len": req.profile.seq_len,
                "eval_tokens": req.eval_tokens, "holdout_tokens": req.holdout_tokens, "rows": req.eval_rows,
                "device": req.device, "manifest": manifest, "checkpoint": str(ws.checkpoint), "source": str(ws.src),
                "train_file": req.train_file, "job_dir": str(ws.job), "record": str(record), "private": str(private),
                "timeout": req.eval_allowance, "sandbox": req.sandbox, "policy": worker_policy(ws),
-               "tolerance": 1e-3 if req.device == "cpu" else 2e-3, "env": {}}
-        request = ws.root / "eval-request.json"      # outside the worker's reach (its folder is ws.job)
-        request.write_text(json.dumps(doc))
+               "tolerance": 1e-3 if req.device == "cpu" else 2e-3}
         record.unlink(missing_ok=True)
-        env = {k: v for k, v in os.environ.items() if k in _ENV}
-        env.update(req.slot_env, HOME=str(ws.job), PYTHONUNBUFFERED="1")
-        self.log = open(ws.root / "evaluator.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.evaluator",
-                                      str(request)], cwd=ws.job, env=env, stdin=subprocess.PIPE,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.submitted = server.send(json.dumps(doc))
 
     def finish(self, go: bool) -> Verdict:
         """Release the evaluator (go) or tell it there is nothing to score; wait; read the record."""
-        try:
-            self.proc.stdin.write(b"go\n" if go else b"stop\n")
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=self.req.eval_allowance + 60)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return Verdict(None, None, "the evaluator did not finish in time", {}, None)
-        finally:
-            self.log.close()
+        if not self.submitted or not self.server.send(f"{'go' if go else 'stop'} {self.rid}") or \
+                not self.server.wait_done(self.rid, self.req.eval_allowance + 60):
+            return Verdict(None, None, "the evaluator stopped or did not finish in time; see evaluator.log", {}, None)
         try:
             rec = json.loads(self.record.read_text())
         except (OSError, ValueError):
-            return Verdict(None, None, f"the evaluator wrote no record (exit code {self.proc.returncode}); see "
-                                       "evaluator.log", {}, None)
+            return Verdict(None, None, "the evaluator wrote no record; see evaluator.log", {}, None)
         try:
             private = json.loads(self.private.read_text())
             self.private.unlink()
         except (OSError, ValueError):
             private = {}
         return Verdict(rec.get("val_bpb"), rec.get("rejected"), rec.get("error"), rec, private.get("holdout_bpb"))
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, 9)
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass

@@ -6,8 +6,10 @@
 2. train.py runs there under the sandbox (harness/sandbox.py): it can read the interpreter, the libraries, its
    own tree and the training split; it can write its tree, the checkpoint folder and scratch; nothing else —
    not the validation split, not the token-bytes table, not runs/, not .git, not the installed package.
-3. ar owns the clock: it notes when the first step line arrives (startup) and when the process exits. The run
-   is `timeout` when it ran past budget + startup allowance + a last-step slack, whatever it printed.
+3. ar owns the clock: it notes when the line of the last warm-up step arrives (AR_UNTIMED_STEPS, a runner
+   setting; a run that misnumbers its steps only moves time into its startup allowance) and when the process
+   exits. The run is `timeout` when it ran past budget + startup allowance + a last-step slack in all, or past
+   budget + slack after its warm-up, whatever it printed.
 4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
    killed before the result is returned (runner.run_training + the supervisor).
 """
@@ -28,6 +30,7 @@ from ..gitops import GitRepo
 from ..harness import sandbox
 from ..harness.data import train_view
 from ..request import RunRequest
+from ..metrics import parse_step
 from ..runner import RunResult, run_training
 
 
@@ -71,8 +74,8 @@ def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict
 @dataclass
 class TrainOutcome:
     result: RunResult
-    startup: float | None                 # ar's clock: process start -> first step line
-    trained: float                        # ar's clock: first step line (or start) -> exit
+    startup: float | None                 # ar's clock: process start -> end of the warm-up steps
+    trained: float                        # ar's clock: end of warm-up (or start) -> exit
     step_interval: float | None           # median gap between step lines as they arrived
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
@@ -89,21 +92,28 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
     env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
     arrivals: list[float] = []
+    timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
     t0 = time.monotonic()
 
     def clocked(line: str) -> str | None:
         if line.startswith("step "):
-            arrivals.append(time.monotonic() - t0)
+            now = time.monotonic() - t0
+            arrivals.append(now)
+            p = parse_step(line)
+            if not timed_from and (p is None or p.step >= req.untimed_steps):
+                timed_from.append(now)
         return on_line(line) if on_line else None
 
     result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(), on_line=clocked,
                           max_log_bytes=req.max_log_bytes)
-    startup = arrivals[0] if arrivals else None
+    startup = timed_from[0] if timed_from else None
     trained = result.wall_seconds - (startup or 0.0)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     interval = statistics.median(gaps) if gaps else None
     allowance = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
-    slack = min(req.step_slack_cap(), max(2.0, 2 * (interval or 0.0)))
+    # the last step may finish past the budget, if it is no longer than 3 typical steps (and saving takes 2 s)
+    last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
+    slack = min(req.step_slack_cap(), 2.0 + last)
     limit = req.time_budget + allowance + slack
     over = None
     if result.stop_reason:
@@ -112,6 +122,6 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         over = (f"ran {result.wall_seconds:.1f}s by ar's clock, past the budget {req.time_budget:g}s + startup "
                 f"allowance {allowance:.1f}s + last-step slack {slack:.1f}s")
     elif trained > req.time_budget + slack:
-        over = (f"trained {trained:.1f}s by ar's clock after its first step, past the budget {req.time_budget:g}s "
+        over = (f"trained {trained:.1f}s by ar's clock after its warm-up steps, past the budget {req.time_budget:g}s "
                 f"+ last-step slack {slack:.1f}s")
     return TrainOutcome(result, startup, trained, interval, over, req.sandbox, arrivals)

@@ -30,9 +30,10 @@ class Trial:
 
 def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, manifest: dict,
               fingerprint: Fingerprint | None, on_line: Callable[[str], str | None] | None = None,
-              allowance: float | None = None, after_run: Callable[[], str | None] | None = None) -> Trial:
+              allowance: float | None = None, after_run: Callable[[], str | None] | None = None,
+              server: evaluate.Server) -> Trial:
     ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
-    ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json")
+    ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
         tampered = after_run() if after_run else None
@@ -44,8 +45,7 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
               and has_ckpt)
         verdict = ev.finish(go=ok)
     finally:
-        ev.kill()
-        for name, src in (("eval.log", ws.job / "eval.log"), ("evaluator.log", ws.root / "evaluator.log")):
+        for name, src in (("eval.log", ws.job / "eval.log"),):
             if src.is_file():
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)

@@ -1,6 +1,7 @@
 """The trusted evaluator: bits per byte of a checkpoint, computed here from the model's logits.
 
-    python -I -B -m autoresearch.harness.evaluator REQUEST.json     (started by the runner; waits for "go")
+    python -I -B -m autoresearch.harness.evaluator serve            (a session's: one request per line)
+    python -I -B -m autoresearch.harness.evaluator REQUEST.json     (one request; waits for "go" on stdin)
 
 It runs in a fresh interpreter with no checkout on sys.path and never imports the proposal. It holds the
 validation tokens and the token-bytes table; the proposal's model runs in a sandboxed worker (worker.py) that
@@ -34,6 +35,7 @@ import secrets
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 FILES = ("meta.json", "tokenizer.json", "token_bytes.npy", "val.bin", "val.idx.npy")
@@ -56,34 +58,93 @@ class Rejected(Exception):
     """The checkpoint or the model's behaviour disqualifies the run (the message says why)."""
 
 
-class _Worker:
-    """The sandboxed model process and its line protocol."""
+class Zygote:
+    """The fork server (zygote.py) that makes one fresh sandboxed model process per evaluation."""
 
-    def __init__(self, req: dict, log):
-        cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.worker", req["job_dir"]]
-        if req.get("sandbox", True):
-            policy = Path(req["job_dir"]) / "policy.json"
-            policy.write_text(json.dumps(req["policy"]))
-            cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
+    def __init__(self, log):
+        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.zygote"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
+                                     start_new_session=True, cwd="/")
+        self.ready = False
+
+    def spawn(self, job: dict) -> int:
+        if not self.ready:
+            if self.proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("the model fork server did not start; see evaluator.log")
+            self.ready = True
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2 or line[0] != "pid":
+            raise RuntimeError("the model fork server stopped; see evaluator.log")
+        return int(line[1])
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, 9)
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+class _Worker:
+    """One sandboxed model process (a child of the zygote) and its line protocol over two FIFOs."""
+
+    def __init__(self, req: dict, zygote: Zygote, deadline: float):
+        d = Path(req["job_dir"])
+        for name in ("to_worker", "from_worker"):
+            (d / name).unlink(missing_ok=True)
+            os.mkfifo(d / name, 0o600)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES")}
-        env.update(HOME=req["job_dir"], TMPDIR=req["job_dir"], PYTHONUNBUFFERED="1", **req.get("env", {}))
-        self.proc = subprocess.Popen(cmd, cwd=req["source"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log, text=True, bufsize=1, start_new_session=True)
-        self.deadline = math.inf
+        env.update(HOME=str(d), TMPDIR=str(d), PYTHONUNBUFFERED="1")
+        self.deadline = deadline
+        self.rfd = os.open(d / "from_worker", os.O_RDONLY | os.O_NONBLOCK)
+        self.pid = zygote.spawn({"job_dir": str(d), "source": req["source"], "policy": req["policy"],
+                                 "sandbox": req.get("sandbox", True), "env": env})
+        while True:                                  # the writer end opens once the worker opens its reader end
+            try:
+                self.wfd = os.open(d / "to_worker", os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                if time.monotonic() > self.deadline or not _alive(self.pid):
+                    raise Rejected("the model process did not start; see eval.log") from None
+                time.sleep(0.005)
+        os.set_blocking(self.wfd, True)
+        self._buf = b""
 
     def send(self, line: str) -> None:
         try:
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            os.write(self.wfd, (line + "\n").encode())
+        except OSError:
             raise Rejected("the model process exited early; see eval.log") from None
 
-    def expect(self, what: str) -> None:
+    def _readline(self) -> str:
         import select
-        left = self.deadline - time.monotonic()
-        if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-            raise Rejected("the model took longer than the evaluation allowance")
-        line = self.proc.stdout.readline().strip()
+        while b"\n" not in self._buf:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self.rfd], [], [], left)[0]:
+                raise Rejected("the model took longer than the evaluation allowance")
+            try:
+                chunk = os.read(self.rfd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                if not _alive(self.pid) or len(self._buf) == 0:
+                    return ""
+                continue
+            self._buf += chunk
+            if len(self._buf) > 1 << 16:
+                raise Rejected("the model process flooded the evaluator's channel")
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+    def expect(self, what: str) -> None:
+        line = self._readline()
         if line == what:
             return
         if line.startswith("err "):
@@ -96,15 +157,26 @@ class _Worker:
             self.send("exit")
         except Rejected:
             pass
+        deadline = time.monotonic() + 5
+        while _alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.proc.pid, 9)
+            os.killpg(self.pid, 9)
         except OSError:
             pass
-        self.proc.wait()
+        for fd in (self.rfd, self.wfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _batches(tok_dir: Path, rows: int, seq_len: int, n_tokens: int, skip_tokens: int = 0):
@@ -121,8 +193,9 @@ def _batches(tok_dir: Path, rows: int, seq_len: int, n_tokens: int, skip_tokens:
     return out
 
 
-def evaluate(req: dict, go=lambda: None) -> dict:
-    """Score the checkpoint named by `req`; returns the record (the runner's) and the hold-out (private)."""
+def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = None) -> dict:
+    """Score the checkpoint named by `req`; returns the record (the runner's) and the hold-out (private).
+    `go()` returns when the checkpoint is complete (raises Rejected when there is none)."""
     import numpy as np
     import torch
 
@@ -131,54 +204,59 @@ def evaluate(req: dict, go=lambda: None) -> dict:
     B, T = int(req["rows"]), int(req["seq_len"])
     record = {"val_bpb": None, "eval_tokens": int(req["eval_tokens"]), "eval_bytes": None, "dataset": req["dataset"],
               "seq_len": T, "rejected": None, "causal_max_diff": None, "purity_max_diff": None}
-    with open(job / "eval.log", "w") as log:
-        worker = _Worker(req, log)                   # starts now: its imports overlap the data checks and the wait
-        try:
-            for name, digest in req["manifest"].items():
-                if sha256_file(tok_dir / name) != digest:
-                    raise Rejected(f"the data changed during the session ({name} no longer has the hash taken at "
-                                   "its start); restore it (`ar prepare`) and start again")
-            token_bytes = torch.from_numpy(np.load(tok_dir / "token_bytes.npy").astype(np.int64))
-            V = int(token_bytes.numel())
-            meta = json.loads((tok_dir / "meta.json").read_text())
-            holdout = int(req.get("holdout_tokens") or 0)
-            if holdout and record["eval_tokens"] + holdout + 2 * B * T > meta["val"]["tokens"]:
-                holdout = 0                          # too small a split: no hold-out rather than a re-used one
-            batches = _batches(tok_dir, B, T, record["eval_tokens"])
-            held = _batches(tok_dir, B, T, holdout, skip_tokens=record["eval_tokens"]) if holdout else []
-            device = torch.device(req["device"])
-            go()                                     # the runner: the checkpoint is complete
-            t_go = time.monotonic()
-            (job / "job.json").write_text(json.dumps({"rows": B, "seq_len": T, "vocab": V, "device": req["device"],
-                                                      "checkpoint": req["checkpoint"], "source": req["source"],
-                                                      "train_file": req["train_file"]}))
-            inp, out = _buffers(job, B, T, V, device)
-            worker.deadline = time.monotonic() + float(req["timeout"])
-            worker.send("go")
-            worker.expect("ready")
-            token_bytes = token_bytes.to(device)
-            secret = secrets.SystemRandom()
-            check_at = secret.randrange(len(batches))
-            nats, nbytes = _score(worker, inp, out, batches, token_bytes, record["eval_tokens"], device,
-                                  check=(check_at, secret, req, record))
-            if nbytes == 0:
-                raise Rejected(f"the {record['eval_tokens']} evaluated targets stand for no bytes")
-            bpb = nats / (math.log(2) * nbytes)
-            if not math.isfinite(bpb):
-                raise Rejected("val_bpb is not finite")
-            record.update(val_bpb=bpb, eval_bytes=nbytes)
-            private = {"holdout_bpb": None, "holdout_tokens": 0}
-            if held:
-                hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device)
-                private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
-            record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
-        except Rejected as e:
-            record.update(val_bpb=None, rejected=str(e))
-            private = {"holdout_bpb": None, "holdout_tokens": 0}
-        finally:
+    cache = {} if cache is None else cache
+    worker = None
+    try:
+        for name, digest in req["manifest"].items():
+            if sha256_file(tok_dir / name) != digest:
+                raise Rejected(f"the data changed during the session ({name} no longer has the hash taken at "
+                               "its start); restore it (`ar prepare`) and start again")
+        token_bytes = torch.from_numpy(np.load(tok_dir / "token_bytes.npy").astype(np.int64))
+        V = int(token_bytes.numel())
+        meta = json.loads((tok_dir / "meta.json").read_text())
+        holdout = int(req.get("holdout_tokens") or 0)
+        if holdout and record["eval_tokens"] + holdout + 2 * B * T > meta["val"]["tokens"]:
+            holdout = 0                          # too small a split: no hold-out rather than a re-used one
+        key = (str(tok_dir), B, T, record["eval_tokens"], holdout, json.dumps(req["manifest"], sort_keys=True))
+        if key not in cache:                     # a server keeps the rows of the session's data in memory
+            cache.clear()
+            cache[key] = (_batches(tok_dir, B, T, record["eval_tokens"]),
+                          _batches(tok_dir, B, T, holdout, skip_tokens=record["eval_tokens"]) if holdout else [])
+        batches, held = cache[key]
+        device = torch.device(req["device"])
+        go()                                     # the runner: the checkpoint is complete
+        t_go = time.monotonic()
+        (job / "job.json").write_text(json.dumps({"rows": B, "seq_len": T, "vocab": V, "device": req["device"],
+                                                  "checkpoint": req["checkpoint"], "source": req["source"],
+                                                  "train_file": req["train_file"]}))
+        inp, out = _buffers(job, B, T, V, device)
+        worker = _Worker(req, zygote, time.monotonic() + float(req["timeout"]))
+        worker.send("go")
+        worker.expect("ready")
+        token_bytes = token_bytes.to(device)
+        secret = secrets.SystemRandom()
+        check_at = secret.randrange(len(batches))
+        nats, nbytes = _score(worker, inp, out, batches, token_bytes, record["eval_tokens"], device,
+                              check=(check_at, secret, req, record))
+        if nbytes == 0:
+            raise Rejected(f"the {record['eval_tokens']} evaluated targets stand for no bytes")
+        bpb = nats / (math.log(2) * nbytes)
+        if not math.isfinite(bpb):
+            raise Rejected("val_bpb is not finite")
+        record.update(val_bpb=bpb, eval_bytes=nbytes)
+        private = {"holdout_bpb": None, "holdout_tokens": 0}
+        if held:
+            hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device)
+            private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
+        record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
+    except Rejected as e:
+        record.update(val_bpb=None, rejected=str(e))
+        private = {"holdout_bpb": None, "holdout_tokens": 0}
+    finally:
+        if worker is not None:
             worker.close()
-            for name in ("in.bin", "out.bin", "ipc.pkl"):
-                (job / name).unlink(missing_ok=True)
+        for name in ("in.bin", "out.bin", "ipc.pkl", "to_worker", "from_worker"):
+            (job / name).unlink(missing_ok=True)
     return {"record": record, "private": private}
 
 
@@ -275,24 +353,59 @@ def _check_causal(worker, inp, out, x, logits, secret, req: dict, record: dict) 
                        f"when sent again in another order (tolerance {tol:g})")
 
 
+def _write(path: str | None, doc: dict) -> None:
+    if path:
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+
+def _run(req: dict, zygote: Zygote, go, cache: dict) -> None:
+    try:
+        result = evaluate(req, zygote, go, cache)
+    except Exception as e:                           # a harness failure, not the model's: the runner says so
+        traceback.print_exc()
+        result = {"record": {"val_bpb": None, "rejected": None, "error": f"{type(e).__name__}: {e}"}, "private": {}}
+    _write(req["record"], result["record"])
+    _write(req.get("private"), result["private"])
+
+
+def serve() -> int:
+    """A session's evaluator: one request (a JSON line) at a time; "go ID" / "stop ID" release it; "done ID"."""
+    zygote = Zygote(sys.stderr)
+    cache: dict = {}
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            req = json.loads(line)
+
+            def go(rid=req["id"]):
+                cmd = sys.stdin.readline().split()
+                if cmd != ["go", str(rid)]:
+                    raise Rejected("the run ended without a checkpoint")
+
+            _run(req, zygote, go, cache)
+            print(f"done {req['id']}", flush=True)
+    finally:
+        zygote.close()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["serve"]:
+        return serve()
     req = json.loads(Path(argv[0]).read_text())
 
     def go():
-        line = sys.stdin.readline().strip()
-        if line != "go":
+        if sys.stdin.readline().strip() != "go":
             raise Rejected("the run ended without a checkpoint")
 
+    zygote = Zygote(sys.stderr)
     try:
-        result = evaluate(req, go)
-    except Exception as e:                           # a harness failure, not the model's: the runner says so
-        result = {"record": {"val_bpb": None, "rejected": None, "error": f"{type(e).__name__}: {e}"},
-                  "private": {}}
-    for key, path in (("record", req["record"]), ("private", req.get("private"))):
-        if path:
-            tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-            tmp.write_text(json.dumps(result[key]))
-            os.replace(tmp, path)
+        _run(req, zygote, go, {})
+    finally:
+        zygote.close()
     return 0
 
 

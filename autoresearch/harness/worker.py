@@ -1,6 +1,6 @@
 """The model side of an evaluation: untrusted code, run once, in the sandbox, never shown a target.
 
-    python -I -B -m autoresearch.harness.worker JOB_DIR        (started by the evaluator, inside the sandbox)
+Runs in a child of the zygote (zygote.py), inside the sandbox, in a fresh process for every evaluation.
 
 Loads the proposal's train file by path (not as __main__), builds the model with the checkpoint's factory,
 loads its weights, then answers the evaluator over stdin/stdout, one line each way:
@@ -30,9 +30,11 @@ def _load_module(path: Path):
 
 
 def main(job_dir: str) -> int:
+    """Serve one evaluation on stdin/stdout (set up by the zygote: FIFOs to the evaluator)."""
     import os
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)                                 # the proposal's prints land in the log, not the protocol
+    sys.stdout = sys.stderr
 
     def say(msg: str) -> None:
         proto.write(msg.replace("\n", " ")[:2000] + "\n")
@@ -94,5 +96,3 @@ def main(job_dir: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,81 @@
+"""A fork server for model workers: torch imported once, a fresh sandboxed process for every evaluation.
+
+    python -I -B -m autoresearch.harness.zygote          (started by the evaluator; one job per stdin line)
+
+It runs only trusted code and holds no data (the evaluator, which holds the validation tokens, is its parent,
+not it). For each job {"job_dir", "source", "policy", "sandbox", "env"} it forks a child that leaves the
+session, restricts itself to the policy (Landlock; the child is single-threaded right after fork), resets its
+environment, closes every inherited descriptor, connects to the evaluator through two FIFOs in the job folder
+(`to_worker`, `from_worker`) and runs worker.main. It answers "pid N" for each job. No process that ran one
+proposal's code serves another: each child exits after its job, and the zygote (a child subreaper) kills
+whatever a child left behind before the next job starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+
+from . import sandbox, worker
+
+
+def _child(job: dict) -> int:
+    os.setsid()
+    d = job["job_dir"]
+    log = os.open(os.path.join(d, "eval.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)
+    if job.get("sandbox", True):
+        sandbox.restrict(job["policy"]["read"], job["policy"]["write"], network=False)
+    fin = os.open(os.path.join(d, "to_worker"), os.O_RDONLY)
+    fout = os.open(os.path.join(d, "from_worker"), os.O_WRONLY)
+    os.dup2(fin, 0)
+    os.dup2(fout, 1)
+    os.closerange(3, 1 << 16)              # nothing of the zygote's pipes or the evaluator's reaches the model
+    os.environ.clear()
+    os.environ.update(job.get("env", {}))
+    os.chdir(job["source"])
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return worker.main(d)
+
+
+def main() -> int:
+    import torch  # noqa: F401  (the point: imported once, before any fork)
+    import safetensors.torch  # noqa: F401
+
+    libc = sandbox._libc()
+    if libc is not None:
+        libc.prctl(sandbox._PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        sandbox._kill_below(os.getpid())   # leftovers of the last job (re-parented daemons included)
+        job = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _child(job)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stderr.flush()
+                except Exception:
+                    pass
+                os._exit(code if isinstance(code, int) else 1)
+        print(f"pid {pid}", flush=True)
+    sandbox._kill_below(os.getpid())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
