@@ -165,6 +165,37 @@ def check_source(text: str, path: str = "train.py", parent_text: str | None = No
     return None
 
 
+MAX_SOURCE_BYTES = 256 * 1024     # a train file larger than this is carrying something other than code
+MAX_LITERAL_BYTES = 16 * 1024     # one string/bytes literal
+DENSE_MIN_BYTES = 8 * 1024        # added text this large must compress like code does (≥ 2:1)
+
+
+def check_payload(text: str, parent_text: str | None, path: str = "train.py") -> str | None:
+    """A reason to reject a file that smuggles data in (weights trained elsewhere, e.g. in the agent's own
+    process, or tables computed from the validation text), or None. Code compresses well; weights do not."""
+    import zlib
+    size = len(text.encode())
+    if size > MAX_SOURCE_BYTES:
+        return f"{path} is {size // 1024} KB, over the {MAX_SOURCE_BYTES // 1024} KB a training script may be"
+    try:
+        tree = parse_source(text)
+    except SyntaxError:
+        return None                          # check_source says so
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and \
+                len(node.value) > MAX_LITERAL_BYTES:
+            return (f"{path} line {node.lineno} holds a {len(node.value) // 1024} KB literal; a proposal changes "
+                    "code, it does not carry data or weights")
+    old = set((parent_text or "").splitlines())
+    added = "\n".join(ln for ln in text.splitlines() if ln not in old).encode()
+    if len(added) >= DENSE_MIN_BYTES:
+        ratio = len(added) / max(1, len(zlib.compress(added, 9)))
+        if ratio < 2.0:
+            return (f"{path} adds {len(added) // 1024} KB that compresses only {ratio:.1f}:1 (code compresses "
+                    "≥ 2:1); a proposal changes code, it does not carry data or weights")
+    return None
+
+
 def check_files(repo: GitRepo, parent: str, paths: list[str]) -> str | None:
     """Content checks for the changed allowed paths that are Python files, against their parent version."""
     for p in paths:
@@ -174,7 +205,8 @@ def check_files(repo: GitRepo, parent: str, paths: list[str]) -> str | None:
                 parent_text = repo.file_at(parent, p)
             except GitError:
                 parent_text = None
-            reason = check_source(f.read_text(errors="replace"), p, parent_text)
+            text = f.read_text(errors="replace")
+            reason = check_source(text, p, parent_text) or check_payload(text, parent_text, p)
             if reason:
                 return reason
     return None

@@ -23,7 +23,7 @@ from .harness.evaluator import manifest
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def package_digest(root: Path = PACKAGE_DIR) -> dict[str, str]:
+def package_digest(root: Path) -> dict[str, str]:
     out = {}
     for f in sorted(root.rglob("*")):
         if f.is_file():
@@ -51,7 +51,8 @@ class Fingerprint:
     package_dir: Path
 
     @classmethod
-    def take(cls, tok_dir: Path | None, package_dir: Path = PACKAGE_DIR) -> "Fingerprint":
+    def take(cls, tok_dir: Path | None, package_dir: Path | None = None) -> "Fingerprint":
+        package_dir = package_dir or PACKAGE_DIR
         return cls(package_digest(package_dir), manifest(tok_dir) if tok_dir else {},
                    _train_sig(tok_dir) if tok_dir else {}, tok_dir, package_dir)
 

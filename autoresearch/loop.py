@@ -115,6 +115,8 @@ class Loop:
         self.tag_dir = self.root / "runs" / self.tag
         self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
         self._emit = on_event or (lambda e: None)
+        if cfg.noise is not None:   # a configured threshold is the user's call: nothing to calibrate
+            calibrate_noise = 0
         self.baseline, self.calibrate_noise, self.command = baseline, calibrate_noise, command
         if calibrate_noise == 1:
             raise ConfigError("--calibrate-noise K needs K >= 2 runs of the baseline to measure a spread")
@@ -374,7 +376,8 @@ class Loop:
                     if self.proposer is not None and spec.kind == "propose":
                         raise _Stop(f"the {self.proposer.name} proposer has nothing left to try")
                     return None
-                reason = proposal if isinstance(proposal, str) else self._check(x, snap)    # 3
+                reason = self._integrity_after_proposal() or (                             # 3
+                    proposal if isinstance(proposal, str) else self._check(x, snap))
                 if reason:
                     return self._reject(x, snap, reason)
                 x.sha = self.git.commit([*x.changed] or [self.train_file], _message(x, self.tag),   # 4
@@ -403,7 +406,7 @@ class Loop:
         else:
             ctx = Context(self.root, self.train_file, before, self.ledger.best_kept(), self.ledger.rows(), spec.id,
                           x.stage, self.tag, self.profile, self._budget(None), self.eval_tokens, self.noise,
-                          list(self.cfg.allowed_paths))
+                          list(self.cfg.allowed_paths), self._agent_policy())
             try:
                 proposal = self.proposer.propose(ctx)
             except ProposalFailed as e:
@@ -418,6 +421,28 @@ class Loop:
             except ConfigError as e:
                 return str(e)
         return proposal
+
+    def _agent_policy(self) -> dict | None:
+        """The agent's sandbox: no reading the dataset (validation text, token bytes) or the private hold-out
+        scores, no changing the installed package; everything else as the user."""
+        if not self.sandboxed:
+            return None
+        return {"deny": [str(self.tok_dir.parent), str(self._private_path().parent)],
+                "read_only": [str(self.fingerprint.package_dir)], "network": True}
+
+    def _private_path(self) -> Path:
+        """Where hold-out scores live: in the cache, outside the repo, never in a log or prompt."""
+        import hashlib
+        key = hashlib.sha256(str(self.tag_dir.resolve()).encode()).hexdigest()[:16]
+        return default_cache() / "private" / f"{key}.jsonl"
+
+    def _integrity_after_proposal(self) -> str | None:
+        """The proposer runs outside the sandbox: did it change the installed package or the data?"""
+        broken = self.fingerprint.changes()
+        if broken:
+            getattr(self, "_main", self).halted = f"the proposal changed what it may not: {broken}"
+            return f"the proposal changed what it may not: {broken}"
+        return None
 
     def _check(self, x: "_Exp", snap: guards.Snapshot) -> str | None:
         changed, reason = guards.check_scope(self.git, snap, self.cfg.allowed_paths, self.tag_dir,
@@ -492,7 +517,9 @@ class Loop:
             best = self.ledger.best_kept()
             d = decide(best.val_bpb if best else None, m.val_bpb, self.noise)
             status, reason = (Status.KEEP if d.keep else Status.DISCARD), d.reason
-            if d.keep and best is not None and self.cfg.confirm_new_best:
+            if d.keep and best is not None and not self._holds_out(x.sha, best.commit):
+                status, reason = Status.DISCARD, f"{d.reason}, but the gain did not hold on the private hold-out slice"
+            if status is Status.KEEP and best is not None and self.cfg.confirm_new_best:
                 status, reason = self._confirm(x, best.val_bpb, m.val_bpb, budget, seed)
         faults.point("decide")
         if status is Status.KEEP:
@@ -581,19 +608,27 @@ class Loop:
         x.wall = trial.outcome.result.wall_seconds
         x.tampered = trial.tampered
         if trial.integrity:   # cannot be put back: this run is a crash, and the loop stops after recording it
-            self.halted = trial.tampered
+            getattr(self, "_main", self).halted = trial.tampered
 
     def _private(self, x: "_Exp", holdout: float) -> None:
         """The hold-out score: kept where no log, report or prompt shows it."""
-        with open(self.tag_dir / ".holdout.jsonl", "a") as f:
+        path = self._private_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
             f.write(json.dumps({"exp_id": x.spec.id, "commit": x.sha, "holdout_bpb": holdout}) + "\n")
+
+    def _holds_out(self, sha: str, best_commit: str) -> bool:
+        """A would-be new best must also beat the best on the private hold-out slice (when both have one)."""
+        cand, best = self._holdout(sha), self._holdout(best_commit)
+        return cand is None or best is None or cand < best
 
     def _holdout(self, sha: str) -> float | None:
         try:
-            lines = (self.tag_dir / ".holdout.jsonl").read_text().splitlines()
+            lines = self._private_path().read_text().splitlines()
         except OSError:
             return None
-        found = [json.loads(ln)["holdout_bpb"] for ln in lines if ln.strip() and json.loads(ln)["commit"] == sha]
+        found = [json.loads(ln)["holdout_bpb"] for ln in lines
+                 if ln.strip() and json.loads(ln)["commit"].startswith(sha)]
         return found[-1] if found else None
 
     def _classify(self, x: "_Exp", result, stopped_by: Status | None, budget: float):
@@ -625,8 +660,11 @@ class Loop:
         if out.over_budget:
             return Status.TIMEOUT, out.over_budget, m
         if result.returncode != 0:
-            why = m.fail_message or (result.stop_reason or f"exit code {result.returncode}")
-            return Status.CRASH, why if m.fail_message else f"{why}; see train.log", m
+            if m.fail_message:
+                return Status.CRASH, m.fail_message, m
+            last = next((ln.strip() for ln in reversed(x.tail) if ln.strip() and not ln.startswith("[ar]")), "")
+            why = result.stop_reason or f"exit code {result.returncode}"
+            return Status.CRASH, f"{why}: {last[:300]}; see train.log" if last else f"{why}; see train.log", m
         if not x.has_checkpoint:
             return Status.CRASH, "train.py exited without saving a checkpoint (autoresearch.harness.checkpoint.save)", m
         if verdict.rejected:

@@ -172,6 +172,9 @@ class ParallelLoop(Loop):
                         kept += row.status is Status.KEEP
                         failures = failures + 1 if row.status in FAILURES else 0 if row.status in (
                             Status.KEEP, Status.DISCARD) else failures
+                        if self.halted:
+                            raise _Stop(f"{self.halted}; restore them (reinstall ar, `ar prepare` the data) before "
+                                        "running again", failed=True)
                         if f.x.spec.kind == "baseline" and row.status is not Status.KEEP:
                             raise _Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); "
                                         f"fix train.py or the setup, see {self._exp_dir_of(row)}/train.log",
@@ -286,7 +289,7 @@ class ParallelLoop(Loop):
                     self._flying[spec.id] = (_safe_knobs(view.root / self.train_file), x.description)
         if proposal is None:
             return ("skipped",)
-        reason = proposal if isinstance(proposal, str) else None
+        reason = self._integrity_after_proposal() or (proposal if isinstance(proposal, str) else None)
         if reason is None:
             changed, reason = guards.check_scope(view.git, snap, self.cfg.allowed_paths, guard_dir,
                                                  exclude_prefix=x.stage.name + "/")

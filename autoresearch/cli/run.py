@@ -92,8 +92,12 @@ def run(
     max_hours: Annotated[Optional[float], typer.Option(min=0, help="Start no experiment after H hours.")] = None,
     time_budget: Annotated[Optional[float], typer.Option(help="Training seconds per experiment.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="YAML config (see configs/run.yaml).")] = None,
-    calibrate_noise: Annotated[int, typer.Option(min=0, help="Run the baseline K times; store the spread as the "
-                                                              "keep threshold.")] = 0,
+    calibrate_noise: Annotated[int, typer.Option(min=0, help="Run the baseline K times (K >= 2; 0: off) and keep "
+                                                              "only wins beyond their spread. Skipped when a noise "
+                                                              "threshold is configured.")] = 3,
+    unsandboxed: Annotated[bool, typer.Option("--unsandboxed", help="Run proposal code without the Landlock "
+                                                                    "sandbox (where the kernel has none); every "
+                                                                    "result is marked unsandboxed.")] = False,
     max_consecutive_crashes: Annotated[Optional[int], typer.Option(min=1, help="Stop after N failures in a row "
                                                                                "(default 5).")] = None,
     gpus: GpusOpt = None,
@@ -103,7 +107,8 @@ def run(
 ) -> None:
     """Propose, commit, train for a fixed budget, measure val_bpb, keep or revert — until a limit."""
     cfg = load_config(config, {"proposer": proposer, "agent": agent, "time_budget": time_budget,
-                               "max_consecutive_crashes": max_consecutive_crashes, **scale_out(
+                               "max_consecutive_crashes": max_consecutive_crashes,
+                               "sandbox": False if unsandboxed else None, **scale_out(
                                    gpus, stale_policy, executor, address)})
     view = LiveView()
     loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,

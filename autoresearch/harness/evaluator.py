@@ -345,12 +345,12 @@ def _check_causal(worker, inp, out, x, logits, secret, req: dict, record: dict) 
         else:
             pure = max(pure, float((back[r] - logits[r]).abs().max()))
     record.update(causal_max_diff=causal, purity_max_diff=pure)
-    if causal > tol:
-        raise Rejected(f"the model looks ahead: its logits at earlier positions changed by {causal:.3g} when only "
-                       f"later tokens changed (tolerance {tol:g}); attention must be causal")
     if pure > tol:
         raise Rejected(f"the model is not a pure function of its input: the same rows gave logits {pure:.3g} apart "
                        f"when sent again in another order (tolerance {tol:g})")
+    if causal > tol:
+        raise Rejected(f"the model looks ahead: its logits at earlier positions changed by {causal:.3g} when only "
+                       f"later tokens changed (tolerance {tol:g}); attention must be causal")
 
 
 def _write(path: str | None, doc: dict) -> None:

@@ -3,9 +3,10 @@
     python -I -B -m autoresearch.harness.sandbox POLICY.json -- CMD ...
 
 applies POLICY to itself, then forks CMD and supervises it. POLICY is JSON:
-    {"read": [paths], "write": [paths], "network": false}
+    {"read": [paths], "write": [paths], "network": false}          (proposal code: allow-list)
+    {"deny": [paths], "read_only": [paths], "network": true}        (the agent: everything else allowed)
 `read` paths (files or folders) may be read and executed, `write` paths may also be changed; nothing else on the
-filesystem can be opened. With "network": false no TCP bind/connect is allowed (Landlock ABI ≥ 4). From ABI 6
+filesystem can be opened. `deny` paths cannot be opened at all, `read_only` ones not changed. With "network": false no TCP bind/connect is allowed (Landlock ABI ≥ 4). From ABI 6
 the sandbox also cannot signal processes outside it, nor reach abstract UNIX sockets outside it. At every ABI a
 sandboxed process cannot ptrace (or read /proc/PID/mem of) a process outside its own sandbox.
 
@@ -86,8 +87,47 @@ def _handled_fs(abi: int) -> int:
     return mask
 
 
-def restrict(read: list[str], write: list[str], *, network: bool = False) -> int:
-    """Restrict this process (and what it starts) to the policy. Call while single-threaded. Returns the ABI."""
+FS_DIR_META = FS_READ_DIR | (((1 << 13) - 1) & ~(FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_READ_DIR)) | FS_REFER
+
+
+def complement(deny: list[str], read_only: list[str]) -> list[tuple[str, str]]:
+    """Rules that allow everything except `deny` (no access) and `read_only` (read and execute only).
+
+    Landlock only grants, so the rest of the filesystem is granted piece by piece: every sibling of every folder
+    on the way down to a protected path gets full access; the folders on the way get only the rights to list,
+    create, remove and rename entries (a rename can never move a protected file to where it could be read:
+    Landlock refuses a rename that would gain rights). Returns (path, "all" | "dirs" | "read") pairs."""
+    protected = {os.path.realpath(p): "none" for p in deny}
+    protected.update({os.path.realpath(p): "read" for p in read_only if os.path.realpath(p) not in protected})
+    split = set()
+    for p in protected:
+        parent = os.path.dirname(p)
+        while True:
+            split.add(parent)
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+    rules = []
+    for s in sorted(split):
+        rules.append((s, "dirs"))
+        try:
+            names = os.listdir(s)
+        except OSError:
+            continue
+        for name in names:
+            child = os.path.join(s, name)
+            if os.path.islink(child):       # a rule on a link lands on its target, which may be what is protected
+                continue
+            if child not in split and child not in protected:
+                rules.append((child, "all"))
+    rules += [(p, "read") for p, level in protected.items() if level == "read"]
+    return rules
+
+
+def restrict(read: list[str], write: list[str], *, network: bool = False, deny: list[str] = (),
+             read_only: list[str] = ()) -> int:
+    """Restrict this process (and what it starts) to the policy. Call while single-threaded. Returns the ABI.
+    With `deny` or `read_only`, everything else is allowed (see `complement`) besides `read` and `write`."""
     libc = _libc()
     abi = abi_version()
     if libc is None or abi < 1:
@@ -104,6 +144,10 @@ def restrict(read: list[str], write: list[str], *, network: bool = False) -> int
         for paths, access in ((read, READ & handled), (write, handled)):
             for p in paths:
                 _add_path(libc, fd, p, access)
+        if deny or read_only:
+            levels = {"all": handled, "dirs": FS_DIR_META & handled, "read": READ & handled}
+            for p, level in complement(list(deny), list(read_only)):
+                _add_path(libc, fd, p, levels[level])
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SandboxError(f"prctl(NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
         if libc.syscall(_SYS_RESTRICT, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
@@ -231,7 +275,8 @@ def main(argv: list[str]) -> int:
         return 2
     policy = json.loads(Path(argv[0]).read_text())
     try:
-        restrict(policy.get("read", []), policy.get("write", []), network=bool(policy.get("network")))
+        restrict(policy.get("read", []), policy.get("write", []), network=bool(policy.get("network")),
+                 deny=policy.get("deny", []), read_only=policy.get("read_only", []))
     except SandboxError as e:
         print(f"FAIL: sandbox: {e}", flush=True)
         return 3

@@ -44,6 +44,7 @@ class Context:
     eval_tokens: int
     noise: float
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])
+    sandbox: dict | None = None  # the agent's sandbox policy (harness/sandbox.py): what it may not read or change
 
 
 class Proposer(Protocol):

@@ -13,7 +13,9 @@ holding it); a command that names neither gets the prompt as its last argument.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import sys
 import shlex
 import shutil
 from pathlib import Path
@@ -168,7 +170,12 @@ class AgentProposer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AR_") and k not in ("GIT_DIR", "GIT_WORK_TREE")}
         env.update(AR_PROMPT_FILE=str(prompt_file), AR_DESCRIPTION_FILE=str(description_file),
                    AR_EXPERIMENT=str(ctx.exp_id))
-        result = run_training(fill(self.argv, prompt, prompt_file), cwd=ctx.root, env=env,
+        argv = fill(self.argv, prompt, prompt_file)
+        if ctx.sandbox is not None:   # the agent runs unsandboxed code of its own: it may not read the evaluation
+            policy = ctx.exp_dir / "agent-policy.json"      # data nor change the installed package
+            policy.write_text(json.dumps(ctx.sandbox))
+            argv = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *argv]
+        result = run_training(argv, cwd=ctx.root, env=env,
                               log_path=ctx.exp_dir / "agent.log", timeout=self.timeout, on_line=on_line,
                               max_log_bytes=AGENT_LOG_BYTES, grace=2.0)
         if result.stop_reason == STOP_INTERRUPTED:
