@@ -97,7 +97,8 @@ def run_spec(repo: str | Path, row) -> dict:
 
 
 def reproduce_command(row, spec: dict | None = None) -> str:
-    """The command that re-runs this row's experiment by hand: its commit, profile, budget, seed, eval tokens."""
+    """The command that re-trains this row's experiment by hand: its commit, profile, budget, seed. (The run
+    saves a checkpoint; the score is the evaluator's, which `ar run` computes with the spec's eval_tokens.)"""
     spec = spec or {}
     env = []
     if spec.get("profile"):
@@ -106,8 +107,6 @@ def reproduce_command(row, spec: dict | None = None) -> str:
         env.append(f"AR_TIME_BUDGET={show_number(float(row.time_budget))}")
     if row.seed is not None:
         env.append(f"AR_SEED={row.seed}")
-    if spec.get("eval_tokens"):
-        env.append(f"AR_EVAL_TOKENS={int(spec['eval_tokens'])}")
     return " ".join([f"git checkout {shlex.quote(row.commit)} &&", *env, "python train.py"])
 
 

@@ -1,7 +1,10 @@
-"""Shared fixtures: an isolated cache, and one small prepared dataset for the whole test session."""
+"""Shared fixtures: an isolated cache, one small prepared dataset for the whole test session, and a per-test
+cache in which the configs' default dataset (`builtin`) is that shared dataset."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,4 +50,35 @@ def tiny_dataset(tmp_path_factory) -> TinyDataset:
             break
     vocab = resolve_profile("cpu").vocab_size
     tok_dir = data.prepare("files", cache=root / "cache", vocab_size=vocab, name="tiny", path=src)
+    shutil.copytree(tok_dir, root / "pristine")
+    for f in tok_dir.iterdir():
+        f.chmod(0o444)            # a reminder more than a lock: tests run as root in CI containers
     return TinyDataset(cache=root / "cache", name="tiny", vocab_size=vocab, tok_dir=tok_dir, path=src)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="session")
+def _tiny_digest(tiny_dataset) -> dict[str, str]:
+    return _digest(tiny_dataset.tok_dir)
+
+
+@pytest.fixture
+def prepared_cache(tmp_path, monkeypatch, tiny_dataset, _tiny_digest) -> Path:
+    """AR_CACHE pointed at a fresh folder whose `builtin` dataset (the default of RunConfig.dataset) is a link
+    to the session's shared tiny dataset: every Loop finds prepared data, nothing is tokenized per test.
+    The shared dataset must not change: a test that changes it fails, and the dataset is put back."""
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    (cache / "builtin").symlink_to(tiny_dataset.cache / tiny_dataset.name, target_is_directory=True)
+    monkeypatch.setenv("AR_CACHE", str(cache))
+    yield cache
+    if _digest(tiny_dataset.tok_dir) != _tiny_digest:
+        for f in tiny_dataset.tok_dir.iterdir():
+            f.chmod(0o644)
+        shutil.rmtree(tiny_dataset.tok_dir)
+        shutil.copytree(tiny_dataset.tok_dir.parent.parent.parent / "pristine", tiny_dataset.tok_dir)
+        pytest.fail(f"the test changed the shared dataset {tiny_dataset.tok_dir} (restored for the next tests); "
+                    "copy it before changing anything")

@@ -14,14 +14,14 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.config import DEFAULT_NOISE, RunConfig, load_config
 from autoresearch.errors import ConfigError
+from autoresearch.ledger import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+def _isolated(prepared_cache, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED"):
         monkeypatch.delenv(var, raising=False)
@@ -38,7 +38,8 @@ def make_repo(tmp_path: Path, train: Path = FIXTURES / "fake_train.py") -> Path:
 
 
 def config_file(tmp_path: Path, **kw) -> Path:
-    base = dict(profile="cpu", time_budget=1, startup_allowance=10, eval_allowance=5, prepare_data=False)
+    base = dict(profile="cpu", time_budget=0.5, startup_allowance=10, eval_allowance=5, prepare_data=False,
+                eval_tokens=2048, noise=0.002)        # a configured noise: no calibration runs of the baseline
     base.update(kw)
     f = tmp_path / "run.yaml"
     f.write_text(yaml.safe_dump(base))
@@ -142,10 +143,11 @@ def test_run_then_status(tmp_path):
     out = r.output
     assert "no agent configured" in out and "branch autoresearch/t created" in out
     assert "0001 keep" in out and "0003 keep" in out and "stopped: reached --max-experiments 3" in out
-    assert "best: 1.000000 val_bpb" in out
+    best = min(r.val_bpb for r in read_results(root / "runs" / "t" / "results.tsv"))
+    assert f"best: {best:.6f} val_bpb" in out
     st = runner.invoke(app, ["status", "--repo", str(root)]).output
     assert "no ar loop is running" in st and "last tag: t" in st and "now: idle" in st
-    assert "best: 1.000000" in st and "3 keep" in st
+    assert f"best: {best:.6f}" in st and "3 keep" in st
 
 
 def test_failures_stop_with_exit_code_2(tmp_path):
@@ -168,28 +170,33 @@ def test_zero_config_first_run(tmp_path, monkeypatch):
             raise DataError("not prepared")
         return Path(cache)
 
+    # `ar run`'s data check sees no data and "prepares" it; the loop then trains on the shared tiny dataset,
+    # linked as `builtin` in this test's cache (test_zero_config_with_the_real_train_py prepares for real)
     monkeypatch.setattr(data, "check_prepared", check_prepared)
     monkeypatch.setattr(data, "prepare", lambda source, **kw: calls.append((source, kw["vocab_size"])))
     monkeypatch.setattr("autoresearch.harness.env.cuda_available", lambda: False)
     root = make_repo(tmp_path)
-    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--max-experiments", "3", "--time-budget", "1"])
+    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--max-experiments", "3", "--time-budget", "0.5"])
     assert r.exit_code == 0, r.output
     assert calls == [("builtin", 2048)]
     lines = r.output.splitlines()
     assert any(ln.startswith("no agent configured: proposing with the built-in strategy proposer") for ln in lines)
     assert any(ln.startswith("no CUDA GPU: cpu profile") for ln in lines)
     assert any(ln.startswith("no prepared data: preparing the builtin corpus") for ln in lines)
+    # the default noise calibration: the baseline and two re-runs of it
+    rows = read_results(next((root / "runs").glob("*/results.tsv")))
+    assert [r.status.value for r in rows] == ["keep", "validation", "validation"]
     # the best result ends the output: after the stop line (long lines may wrap at the runner's width)
     stop = max(i for i, ln in enumerate(lines) if ln.startswith("stopped:"))
-    assert any(ln.startswith("best: 1.000000 val_bpb") for ln in lines[stop + 1:]), lines[stop:]
+    assert any(ln.startswith(f"best: {rows[0].val_bpb:.6f} val_bpb") for ln in lines[stop + 1:]), lines[stop:]
 
 
 @pytest.mark.slow
 def test_zero_config_with_the_real_train_py(tmp_path):
     """The README's main job for real, on CPU: prepares the builtin corpus into an empty cache and trains."""
     root = make_repo(tmp_path, ROOT / "train.py")
-    env = {**os.environ, "AR_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--repo", str(root), "--max-experiments", "2",
+    env = {**os.environ, "AR_CACHE": str(tmp_path / "empty-cache")}      # not the prepared one
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--repo", str(root), "--max-experiments", "1",
                         "--time-budget", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "preparing the builtin corpus" in r.stdout and "cpu profile" in r.stdout

@@ -1,42 +1,57 @@
+"""The trusted evaluator on its own: `python -m autoresearch.harness.evaluator serve`, fed requests the way the
+runner feeds them, scoring checkpoints of hand-made models on a hand-made validation split whose bits per byte
+are computed here by hand. One evaluator process serves every test of the module."""
+
+from __future__ import annotations
+
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+from autoresearch.harness import checkpoint
+from autoresearch.harness.evaluator import manifest
+
+T = 7  # rows of 8 tokens: two 4-token documents [BOS, a, b, c] each
+
+MODELS = '''
 import torch
-import torch.nn.functional as F
-
-from autoresearch.harness.evaluate import RECORD_KEYS, evaluate_bpb, read_record
-
-T = 7  # rows of 8 tokens: two 4-token documents each
 
 
-class FixedLogits(torch.nn.Module):
-    """Predicts the same distribution at every position, whatever the input."""
+class Fixed(torch.nn.Module):
+    """The same logits at every position, whatever the input."""
 
-    def __init__(self, logits):
+    def __init__(self, vocab, peek=0.0, by_row=0.0):
         super().__init__()
-        self.logits = torch.nn.Parameter(torch.tensor(logits, dtype=torch.float32))
+        self.bias = torch.nn.Parameter(torch.zeros(vocab))
+        self.peek, self.by_row = peek, by_row
 
-    def forward(self, x, targets=None, reduction="mean"):
-        logits = self.logits.expand(x.numel(), -1)
-        return F.cross_entropy(logits, targets.reshape(-1), reduction=reduction).view(x.shape)
-
-
-class Bigram(torch.nn.Module):
-    def __init__(self, vocab):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(vocab, vocab)
-
-    def forward(self, x, targets=None, reduction="mean"):
-        return F.cross_entropy(self.emb(x).flatten(0, 1), targets.reshape(-1), reduction=reduction).view(x.shape)
+    def forward(self, idx):
+        B, T = idx.shape
+        out = self.bias.expand(B, T, -1).clone()
+        if self.peek:      # cheats: raises the logit of the next token
+            out.scatter_add_(2, torch.roll(idx, -1, 1).unsqueeze(-1), torch.full((B, T, 1), self.peek))
+        if self.by_row:    # keys on the row's position in the batch
+            out += self.by_row * torch.arange(B, dtype=out.dtype).view(B, 1, 1)
+        return out
 
 
-def handmade(tmp_path, docs, token_bytes):
-    """A tokenized folder written by hand: val documents [BOS=0, ...] and a byte-length table."""
-    tok = tmp_path / "hand" / "tok-4"
+def fixed(config):
+    return Fixed(config["vocab"], config.get("peek", 0.0), config.get("by_row", 0.0))
+'''
+
+
+def handmade(root: Path, token_bytes: list[int], ndocs: int = 200) -> Path:
+    """A tokenized folder written by hand: identical documents [BOS=0, 1, 2, 3], so every row of 8 tokens is
+    two of them and its 7 targets are 1 2 3 0 1 2 3 (0, the BOS, stands for no bytes)."""
+    tok = root / "hand" / "tok-4"
     tok.mkdir(parents=True)
+    docs = [np.array([0, 1, 2, 3])] * ndocs
     counts = {}
     for split in ("train", "val"):
         flat = np.concatenate(docs).astype(np.uint16)
@@ -49,55 +64,126 @@ def handmade(tmp_path, docs, token_bytes):
     return tok
 
 
-def test_bpb_against_a_hand_computed_value(tmp_path):
-    rng = np.random.default_rng(0)
-    docs = [np.concatenate(([0], rng.integers(1, 4, size=3))) for _ in range(24)]  # 24 docs -> 12 rows
-    tok = handmade(tmp_path, docs, [0, 1, 2, 3])
-    logits = [0.5, 1.0, -1.0, 2.0]
+class Server:
+    """The evaluator's session protocol: a request per JSON line, then "go ID" or "stop ID"; it answers "done ID"."""
+
+    def __init__(self, log: Path):
+        self.log, self.proc, self.n = log, None, 0
+
+    def start(self) -> None:
+        """(Re)start the server; a test that stops it does not take the following tests with it."""
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL")}
+        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.evaluator", "serve"],
+                                     cwd="/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=open(self.log, "a"), text=True, bufsize=1)
+
+    def score(self, req: dict, go: bool = True) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        self.n += 1
+        self.proc.stdin.write(json.dumps({**req, "id": self.n}) + "\n")
+        self.proc.stdin.write(f"{'go' if go else 'stop'} {self.n}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == f"done {self.n}", self.log.read_text()[-3000:]
+        return json.loads(Path(req["record"]).read_text())
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("evaluator") / "evaluator.log")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A request for the model `fixed` of a hand-made train file; call with the logits and the split."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "models.py").write_text(MODELS)
+
+    def make(tok: Path, logits: list[float], *, eval_tokens: int, rows: int, **config) -> dict:
+        ckpt = tmp_path / "checkpoint"
+        checkpoint.save(ckpt, factory="fixed", config={"vocab": len(logits), **config},
+                        arrays={"bias": np.array(logits, dtype=np.float32)})
+        (tmp_path / "job").mkdir(exist_ok=True)
+        return {"tok_dir": str(tok), "dataset": "hand", "seq_len": T, "eval_tokens": eval_tokens,
+                "holdout_tokens": 0, "rows": rows, "device": "cpu", "manifest": manifest(tok),
+                "checkpoint": str(ckpt), "source": str(src), "train_file": "models.py",
+                "job_dir": str(tmp_path / "job"), "record": str(tmp_path / "record.json"),
+                "private": str(tmp_path / "private.json"), "timeout": 60, "sandbox": False, "policy": {},
+                "tolerance": 1e-3}
+
+    return make
+
+
+def by_hand(logits: list[float], token_bytes: list[int], targets: list[int]) -> tuple[float, int]:
+    """(bits per byte, bytes) over `targets`: -log2 p(target) summed over the targets that stand for bytes."""
     logp = np.array(logits) - np.log(np.exp(logits).sum())
-    # 12 rows of 7 targets: every non-BOS token of every document is a target exactly once
-    body = np.concatenate([d[1:] for d in docs])
-    want = -logp[body].sum() / (math.log(2) * np.array([0, 1, 2, 3])[body].sum())
-    record = tmp_path / "out" / "record.json"
-    got = evaluate_bpb(FixedLogits(logits), tok, eval_tokens=12 * T, batch_size=3, seq_len=T, record_path=record,
-                       dataset="hand")
-    assert got == pytest.approx(want, rel=1e-6)
-    rec = read_record(record)
-    assert set(rec) == set(RECORD_KEYS)
-    assert rec["val_bpb"] == got and rec["eval_tokens"] == 12 * T and rec["seq_len"] == T
-    assert rec["eval_bytes"] == int(np.array([0, 1, 2, 3])[body].sum()) and rec["dataset"] == "hand"
-    assert [p.name for p in record.parent.iterdir()] == ["record.json"]  # no temp file left
+    tb = np.array(token_bytes)
+    counted = [t for t in targets if tb[t] > 0]
+    return -sum(logp[t] for t in counted) / (math.log(2) * tb[counted].sum()), int(tb[counted].sum())
 
 
-def test_exactly_eval_tokens_when_not_a_multiple_of_the_batch(tmp_path):
-    docs = [np.array([0, 1, 2, 3])] * 40
-    tok = handmade(tmp_path, docs, [0, 2, 2, 2])
-    record = tmp_path / "r.json"
-    # per row the targets are [t t t BOS t t t]; 20 targets = 2 rows + 6 -> 6 + 6 + 5 = 17 counted
-    got = evaluate_bpb(FixedLogits([0.0] * 4), tok, eval_tokens=20, batch_size=2, seq_len=T, record_path=record)
-    assert got == pytest.approx(math.log(4) / (2 * math.log(2)))
-    rec = read_record(record)
-    assert rec["eval_tokens"] == 20 and rec["eval_bytes"] == 2 * 17 and rec["dataset"] == "hand"
+ROW = [1, 2, 3, 0, 1, 2, 3]
 
 
-def test_warns_when_the_split_is_shorter_than_eval_tokens(tmp_path):
-    tok = handmade(tmp_path, [np.array([0, 1, 2, 3])] * 4, [0, 1, 1, 1])
-    with pytest.warns(UserWarning, match="read more than once"):
-        evaluate_bpb(FixedLogits([0.0] * 4), tok, eval_tokens=10 * T, batch_size=2, seq_len=T)
+def test_bpb_against_a_hand_computed_value(tmp_path, server, job):
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    logits = [0.5, 1.0, -1.0, 2.0]
+    rec = server.score(job(tok, logits, eval_tokens=12 * T, rows=3))        # 4 batches of 3 rows
+    want, nbytes = by_hand(logits, [0, 1, 2, 3], ROW * 12)
+    assert rec["rejected"] is None and rec.get("error") is None, rec
+    assert rec["val_bpb"] == pytest.approx(want, rel=1e-6)
+    assert rec["eval_tokens"] == 12 * T and rec["eval_bytes"] == nbytes == 12 * 12
+    assert rec["seq_len"] == T and rec["dataset"] == "hand"
+    assert rec["causal_max_diff"] == 0 and rec["purity_max_diff"] == 0   # checked on one of the batches
+    assert not (tmp_path / "job" / "out.bin").exists()                  # the shared buffers are removed
 
 
-def test_real_model_on_the_tiny_dataset(tiny_dataset, tmp_path):
-    model = Bigram(tiny_dataset.vocab_size)
-    model.train()
-    kw = dict(eval_tokens=3000, batch_size=4, seq_len=64)
-    a = evaluate_bpb(model, tiny_dataset.tok_dir, record_path=tmp_path / "rec.json", **kw)
-    b = evaluate_bpb(model, tiny_dataset.tok_dir, **kw)
-    assert a == b and math.isfinite(a) and a > 0
-    assert model.training  # mode restored
-    assert read_record(tmp_path / "rec.json")["dataset"] == tiny_dataset.name
-    assert all(p.grad is None for p in model.parameters())
+def test_exactly_eval_tokens_when_not_a_multiple_of_the_batch(tmp_path, server, job):
+    tok = handmade(tmp_path, [0, 2, 2, 2])
+    # 20 targets = 2 rows of 7 + the first 6 of the third row: 1 2 3 0 1 2
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=20, rows=2))
+    want, nbytes = by_hand([0.0] * 4, [0, 2, 2, 2], ROW * 2 + ROW[:6])
+    assert nbytes == 2 * 17 and want == pytest.approx(math.log2(4) / 2)
+    assert rec["val_bpb"] == pytest.approx(want, rel=1e-6) and rec["eval_bytes"] == nbytes
+    assert rec["eval_tokens"] == 20
 
 
-def test_bad_eval_tokens(tiny_dataset):
-    with pytest.raises(ValueError, match="eval_tokens"):
-        evaluate_bpb(Bigram(8), tiny_dataset.tok_dir, eval_tokens=0, batch_size=1, seq_len=8)
+def test_a_model_that_looks_ahead_is_rejected(tmp_path, server, job):
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=4 * T, rows=4, peek=3.0))
+    assert rec["val_bpb"] is None and "looks ahead" in rec["rejected"] and rec["causal_max_diff"] > 1
+
+
+def test_a_model_that_keys_on_the_batch_position_is_rejected(tmp_path, server, job):
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=8, by_row=0.5))
+    assert rec["val_bpb"] is None and "not a pure function" in rec["rejected"]
+
+
+def test_changed_data_is_rejected_before_the_model_runs(tmp_path, server, job):
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    req = job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2)
+    req["manifest"] = {**req["manifest"], "val.bin": "0" * 64}
+    rec = server.score(req)
+    assert rec["val_bpb"] is None and "val.bin" in rec["rejected"] and "changed" in rec["rejected"]
+    pid = server.proc.pid
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2))     # the session goes on
+    assert rec["val_bpb"] == pytest.approx(by_hand([0.0] * 4, [0, 1, 2, 3], ROW * 2)[0], rel=1e-6)
+    assert server.proc.pid == pid, "the evaluator server died after a request it rejected before 'go'"
+
+
+def test_no_checkpoint_is_no_score_and_the_server_goes_on(tmp_path, server, job):
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    req = job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2)
+    rec = server.score(req, go=False)
+    assert rec["val_bpb"] is None and "without a checkpoint" in rec["rejected"]
+    rec = server.score(req)                                   # the next request is scored as usual
+    assert rec["val_bpb"] == pytest.approx(by_hand([0.0] * 4, [0, 1, 2, 3], ROW * 2)[0], rel=1e-6)

@@ -91,11 +91,12 @@ def test_cli_init_prints_the_next_commands(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_works_in_a_new_workspace(tmp_path):
-    """The whole point of init: `ar run` starts in the new workspace with nothing else to do."""
+def test_a_run_works_in_a_new_workspace(tmp_path, prepared_cache):
+    """The whole point of init: `ar run` starts in the new workspace with nothing else to do (the data is the
+    shared tiny dataset, linked as `builtin`; test_cli_run prepares the real builtin corpus into an empty cache)."""
     ws = tmp_path / "ws"
     assert runner.invoke(app, ["init", str(ws)]).exit_code == 0
-    env = {**os.environ, "AR_CACHE": os.environ.get("AR_TEST_CACHE") or str(tmp_path / "cache")}
+    env = {**os.environ, "AR_CACHE": str(prepared_cache)}
     env.pop("AR_PROFILE", None)
     proc = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--max-experiments", "1",
                            "--time-budget", "3"], cwd=ws, env=env, capture_output=True, text=True, timeout=540)

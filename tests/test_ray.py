@@ -78,7 +78,7 @@ def cluster(tmp_path_factory):
         while sum(n["Alive"] for n in ray.nodes()) < 2:
             assert time.monotonic() < deadline + 30, (tmp / "node.log").read_text()
             time.sleep(0.2)
-        yield {"address": address, "head": head, "node": nodes[1]}
+        yield {"address": address, "head": head, "node": nodes[1], "cache": tmp / "worker-cache"}
     finally:
         ray.shutdown()
         for p in reversed(nodes):
@@ -101,8 +101,8 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
-def test_worker_without_data_fails_once_with_a_clear_message(cluster, tmp_path, monkeypatch):
-    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+def test_worker_without_data_fails_once_with_a_clear_message(cluster, tmp_path, prepared_cache):
+    assert not (cluster["cache"] / "builtin").exists()     # the driver has the data, the workers do not
     root = make_repo(tmp_path)
     warnings = []
     c = cfg(executor="ray", ray_address=cluster["address"], ray_resource="exp", prepare_data=True, time_budget=1.0)
@@ -115,13 +115,16 @@ def test_worker_without_data_fails_once_with_a_clear_message(cluster, tmp_path, 
     assert not [w for w in warnings if "sent to the cluster again" in w.message]
 
 
-def test_sweep_across_two_nodes_survives_losing_one(cluster, tmp_path, monkeypatch):
+def test_sweep_across_two_nodes_survives_losing_one(cluster, tmp_path, prepared_cache, tiny_dataset):
     """`ar sweep --executor ray` in its own process, as a user runs it."""
-    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+    cluster["cache"].mkdir(parents=True, exist_ok=True)     # the workers' cache gets the shared dataset too
+    if not (cluster["cache"] / "builtin").exists():
+        (cluster["cache"] / "builtin").symlink_to(tiny_dataset.cache / tiny_dataset.name, target_is_directory=True)
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("name: pts\naxes:\n  TOTAL_BATCH_SIZE: [2**17, 2**18, 2**16, 2**19]\norder: listed\n")
     conf = tmp_path / "run.yaml"
-    conf.write_text("profile: cpu\nprepare_data: false\ntime_budget: 3\nstartup_allowance: 20\nray_resource: exp\n")
+    conf.write_text("profile: cpu\nprepare_data: false\ntime_budget: 3\nstartup_allowance: 20\nray_resource: exp\n"
+                    "eval_tokens: 2048\nnoise: 0.002\n")
 
     local = make_repo(tmp_path / "local")
     r = CliRunner().invoke(app, ["sweep", str(sweep), "--repo", str(local), "--config", str(conf), "--gpus", "cpu:2"],

@@ -220,11 +220,10 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAM
 
 
 @pytest.fixture
-def repo(tmp_path, monkeypatch):
+def repo(tmp_path, monkeypatch, prepared_cache):
     """A git repo whose train.py is the scripted stand-in, plus a run config for fast CPU runs."""
     for k, v in GIT_ENV.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "repo"
     root.mkdir()
     text = FAKE_TRAIN.read_text().replace("STEP_SECONDS = 0.05", "STEP_SECONDS = 0.04")
@@ -235,7 +234,7 @@ def repo(tmp_path, monkeypatch):
     r.index.commit("stand-in train.py")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(
         {"profile": "cpu", "prepare_data": False, "startup_allowance": 30.0, "eval_allowance": 30.0,
-         "noise": 0.0}))
+         "noise": 0.0, "eval_tokens": 2048}))
     return root
 
 
@@ -292,7 +291,7 @@ def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypat
     assert [r.status.value for r in rows] == ["keep", "discard", "discard", "discard"]
     assert [(r.knobs["LR_MULT"], r.knobs["TOTAL_BATCH_SIZE"], r.time_budget, r.seed) for r in rows] == [
         (1.0, 2**17, 1.0, 42), (1.0, 2**19, 1.0, 42), (2.0, 2**17, 1.0, 42), (2.0, 2**19, 1.0, 42)]
-    assert rows[0].val_bpb == pytest.approx(1.0) and all(r.val_bpb > 1.0 for r in rows[1:])
+    assert all(r.val_bpb > rows[0].val_bpb + 0.02 for r in rows[1:])         # the bowl's minimum wins
     g = git.Repo(repo)
     assert g.active_branch.name == "autoresearch/sweep-e2e"
     assert "LR_MULT = 1.0" in (repo / "train.py").read_text()          # the tree is at the best point
@@ -307,8 +306,7 @@ def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypat
     assert data["tags"] == ["sweep-e2e"] and len(data["experiments"]) == 4
     best = data["best"]
     assert best["commit"] == rows[0].commit and best["knobs"]["LR_MULT"] == 1.0 and best["time_budget"] == 1.0
-    assert best["command"] == (f"git checkout {rows[0].commit} && AR_PROFILE=cpu AR_TIME_BUDGET=1 AR_SEED=42 "
-                               "AR_EVAL_TOKENS=32768 python train.py")
+    assert best["command"] == f"git checkout {rows[0].commit} && AR_PROFILE=cpu AR_TIME_BUDGET=1 AR_SEED=42 python train.py"
     assert [e["value"] for e in data["per_knob"]["TOTAL_BATCH_SIZE"]] == [2**17, 2**19]
     png = tmp_path / "sweep.png"
     code, out, err = ar(["report", "--repo", repo, "--plot", png], monkeypatch, capsys)
@@ -331,7 +329,7 @@ def test_early_stop_prunes_the_losers_and_keeps_the_winner(repo, tmp_path, monke
         pct = float(r.reason.split("early stop at ")[1].split("%")[0])
         assert 20 <= pct < 80                       # stopped early, and the reason says where
         assert r.num_steps is None or r.num_steps < rows[0].num_steps
-    assert rows[0].val_bpb == pytest.approx(1.0)
+    assert rows[0].val_bpb is not None and rows[0].reason.startswith("first result")
 
 
 def test_halving_leaves_out_the_losers_of_the_smaller_budget(repo, tmp_path, monkeypatch, capsys):

@@ -18,10 +18,9 @@ class Table:
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("AR_CACHE", str(tmp_path / "cache"))
+def _isolated(prepared_cache, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_RESULT_FILE", "AR_EVAL_TOKENS", "AR_FAULT"):
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_FAULT"):
         monkeypatch.delenv(var, raising=False)
 
 

@@ -18,7 +18,7 @@ from autoresearch import faults
 from autoresearch.gitops import GitRepo
 from autoresearch.ledger import Row, Status, read_results
 from autoresearch.queue import ExperimentQueue
-from test_loop import make_repo  # noqa: F401  (re-exported: one stand-in repo for every suite)
+from test_loop import EVAL_TOKENS, make_repo  # noqa: F401  (re-exported: one stand-in repo for every suite)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 AGENTS = FIXTURES / "agents"
@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 def write_cfg(path: Path, **kw) -> Path:
     base = dict(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=5, prepare_data=False,
-                max_consecutive_crashes=1000)
+                max_consecutive_crashes=1000, eval_tokens=EVAL_TOKENS)
     base.update(kw)
     path.write_text(yaml.safe_dump(base))
     return path

@@ -90,10 +90,12 @@ def _no_torn_lines(root: Path) -> int:
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """A 2 MB tmpfs mounted where the repo's runs/ goes (root only); skipped where mounting is not allowed."""
+    """A small tmpfs mounted where the repo's runs/ goes (root only); skipped where mounting is not allowed.
+    48 MB: an experiment's workspace under runs/.work holds the evaluator's logits buffer (16 rows x 256 x 2048
+    float32 = 32 MiB on the cpu profile) while it runs."""
     mounts = []
 
-    def mount(path: Path, size: str = "2m") -> Path:
+    def mount(path: Path, size: str = "48m") -> Path:
         path.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
         if r.returncode != 0:
@@ -138,7 +140,7 @@ def test_full_disk_is_a_clear_stop(tmp_path, small_fs, table):
 def test_read_only_runs_is_a_clear_stop(tmp_path, small_fs, table):
     root, conf, args = setup(tmp_path)
     noise = load_config(conf).noise_threshold(root / "runs" / TAG)[0]
-    runs = small_fs(root / "runs", "8m")
+    runs = small_fs(root / "runs")
     assert fork_ar(*args, "3", log=tmp_path / "ok.log") == 0
     hist = History()
     hist.observe(root, TAG)

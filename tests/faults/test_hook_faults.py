@@ -8,7 +8,7 @@ from collections import Counter
 from autoresearch.config import RunConfig
 from autoresearch.loop import Loop
 
-from .helpers import History, audit, hook_firings, make_repo
+from .helpers import EVAL_TOKENS, History, audit, hook_firings, make_repo
 
 EVENTS = ("run_started", "run_finished", "kept", "reverted", "crashed")
 BROKEN = {"fails": "echo failing; exit 3", "hangs": "sleep 30", "is killed": "kill -9 $$"}
@@ -21,7 +21,7 @@ def test_failing_hanging_and_killed_hooks(tmp_path, table):
     # every event has the counting hook, then the three broken ones
     hooks = {e: [count, *BROKEN.values()] for e in EVENTS}
     c = RunConfig(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=5, prepare_data=False,
-                  max_consecutive_crashes=100, hooks=hooks, hook_timeout=0.3)
+                  max_consecutive_crashes=100, hooks=hooks, hook_timeout=0.3, eval_tokens=EVAL_TOKENS)
     warnings = []
     t0 = time.monotonic()
     with Loop(c, root, "t", None, on_event=lambda e: warnings.append(e.message) if e.kind == "warn" else None) as lp:
