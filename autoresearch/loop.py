@@ -58,7 +58,7 @@ from .experiment import evaluate, execute
 from .experiment.trial import run_trial
 from .harness import sandbox
 from .harness.data import check_prepared
-from .integrity import Fingerprint
+from .integrity import Fingerprint, no_bytecode
 from .request import RunRequest
 from .runner import STOP_INTERRUPTED
 
@@ -201,6 +201,7 @@ class Loop:
 
     def _trust(self) -> None:
         """The session's trust anchors: the prepared data, the package and data fingerprint, the sandbox."""
+        no_bytecode()   # from here on only something foreign changes the installed package's files
         self.tok_dir = check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
         if not getattr(self, "fingerprint", None):
             self.fingerprint = Fingerprint.take(self.tok_dir)

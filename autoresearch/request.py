@@ -12,10 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .harness.env import Profile
+from .harness.env import KEPT_ENV, Profile
 
-PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "AR_PEAK_TFLOPS", "AR_GPU_TABLE", "AR_GPU_MEMORY_GB",
-                  "NVIDIA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH")
+PASSED_THROUGH = KEPT_ENV + ("AR_PEAK_TFLOPS", "AR_GPU_TABLE", "AR_GPU_MEMORY_GB", "CUDA_HOME", "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,9 +62,12 @@ class RunRequest:
         cache = scratch / "cache"
         env.update(
             HOME=str(scratch), TMPDIR=str(scratch), XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1",
+            PYTHONDONTWRITEBYTECODE="1",
             TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
             AR_TIME_BUDGET=f"{self.time_budget:g}", AR_SEED=str(self.seed), AR_PROFILE=self.profile.name,
             AR_DATASET=self.dataset, AR_CACHE=str(self.cache), AR_TOK_DIR=str(tok_view),
             AR_CHECKPOINT_DIR=str(checkpoint_dir), AR_UNTIMED_STEPS=str(self.untimed_steps),
         )
+        if self.sandbox and os.geteuid() == 0:   # a sandboxed root process may write only its own /proc entries,
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"   # and CUDA needs them: compile in-process, not in workers
         return env

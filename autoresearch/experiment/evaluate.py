@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..harness import sandbox
+from ..harness.env import KEPT_ENV
 from ..request import RunRequest
 from .execute import Workspace
 
-_ENV = ("PATH", "LANG", "LC_ALL", "AR_GPU_MEMORY_GB")
+_ENV = KEPT_ENV + ("AR_GPU_MEMORY_GB", "LD_LIBRARY_PATH")
 
 
 @dataclass

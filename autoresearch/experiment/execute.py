@@ -7,8 +7,8 @@
    own tree and the training split; it can write its tree, the checkpoint folder and scratch; nothing else —
    not the validation split, not the token-bytes table, not runs/, not .git, not the installed package.
 3. ar owns the clock: it notes when the line of the last warm-up step arrives (AR_UNTIMED_STEPS, a runner
-   setting; a run that misnumbers its steps only moves time into its startup allowance) and when the process
-   exits. The run is `timeout` when it ran past budget + startup allowance + a last-step slack in all, or past
+   setting; a run that misnumbers its steps only moves time into its startup allowance) and when the checkpoint
+   was last changed (its files' ctime, which no process can set back; the process may take a while to exit). The run is `timeout` when it ran past budget + startup allowance + a last-step slack in all, or past
    budget + slack after its warm-up, whatever it printed.
 4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
    killed before the result is returned (runner.run_training + the supervisor).
@@ -71,6 +71,13 @@ def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict
     return p
 
 
+def checkpoint_written(folder: Path) -> float | None:
+    """When anything in the checkpoint folder last changed (the latest ctime: a write, a rename or a utime all
+    move it to now, and nothing sets it back), or None when there is nothing there."""
+    times = [p.lstat().st_ctime for p in folder.rglob("*")]
+    return max(times) if times else None
+
+
 @dataclass
 class TrainOutcome:
     result: RunResult
@@ -93,7 +100,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
     arrivals: list[float] = []
     timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
 
     def clocked(line: str) -> str | None:
         if line.startswith("step "):
@@ -107,7 +114,9 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(), on_line=clocked,
                           max_log_bytes=req.max_log_bytes)
     startup = timed_from[0] if timed_from else None
-    trained = result.wall_seconds - (startup or 0.0)
+    written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
+    ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
+    trained = ended - (startup or 0.0)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     interval = statistics.median(gaps) if gaps else None
     allowance = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
@@ -118,8 +127,8 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     over = None
     if result.stop_reason:
         pass
-    elif result.wall_seconds > limit:
-        over = (f"ran {result.wall_seconds:.1f}s by ar's clock, past the budget {req.time_budget:g}s + startup "
+    elif ended > limit:
+        over = (f"ran {ended:.1f}s by ar's clock, past the budget {req.time_budget:g}s + startup "
                 f"allowance {allowance:.1f}s + last-step slack {slack:.1f}s")
     elif trained > req.time_budget + slack:
         over = (f"trained {trained:.1f}s by ar's clock after its warm-up steps, past the budget {req.time_budget:g}s "

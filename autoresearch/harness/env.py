@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# What every process of a run keeps from ar's environment besides what the runner sets: the locale, the GPUs
+# visible to the slot, and switches some GPU hosts require to stay set in every process (NVLink multicast off).
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str

@@ -2,7 +2,7 @@
 
     python -I -B -m autoresearch.harness.sandbox POLICY.json -- CMD ...
 
-applies POLICY to itself, then forks CMD and supervises it. POLICY is JSON:
+forks CMD, which applies POLICY to itself before it starts, and supervises it from outside the sandbox. POLICY is JSON:
     {"read": [paths], "write": [paths], "network": false}          (proposal code: allow-list)
     {"deny": [paths], "read_only": [paths], "network": true}        (the agent: everything else allowed)
 `read` paths (files or folders) may be read and executed, `write` paths may also be changed; nothing else on the
@@ -10,7 +10,8 @@ filesystem can be opened. `deny` paths cannot be opened at all, `read_only` ones
 the sandbox also cannot signal processes outside it, nor reach abstract UNIX sockets outside it. At every ABI a
 sandboxed process cannot ptrace (or read /proc/PID/mem of) a process outside its own sandbox.
 
-The supervisor is a child subreaper: double-forked daemons of CMD are re-parented to it, and when CMD exits it
+Besides the policy, a sandboxed process may write its own /proc/PID entries (the CUDA driver does; another
+process's are not reachable). The supervisor is a child subreaper: double-forked daemons of CMD are re-parented to it, and when CMD exits it
 SIGKILLs every process still below it before exiting with CMD's code. The runner still kills the whole process
 group and tree from outside, so a killed supervisor leaks nothing either.
 
@@ -233,7 +234,20 @@ def _kill_below(me: int) -> None:
                 time.sleep(0.01)
 
 
-def supervise(cmd: list[str]) -> int:
+def restrict_policy(policy: dict) -> int:
+    """Restrict this process to a policy document; its own /proc entries stay writable (the CUDA driver
+    writes there). Call in the process that will run the untrusted code, while it is single-threaded."""
+    write = list(policy.get("write", []))
+    if not (policy.get("deny") or policy.get("read_only")):
+        # not root: file permissions keep /proc/sys and other users' processes out of reach. As root only this
+        # process's own entries (its subprocesses then cannot start CUDA: see RunRequest.to_environ)
+        write.append("/proc" if os.geteuid() != 0 else f"/proc/{os.getpid()}")
+    return restrict(policy.get("read", []), write, network=bool(policy.get("network")),
+                    deny=policy.get("deny", []), read_only=policy.get("read_only", []))
+
+
+def supervise(cmd: list[str], policy: dict) -> int:
+    """Fork CMD, sandboxed; stay outside the sandbox (it cannot signal or trace this process), reap, clean up."""
     libc = _libc()
     if libc is not None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -241,7 +255,12 @@ def supervise(cmd: list[str]) -> int:
     if pid == 0:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            restrict_policy(policy)
             os.execvp(cmd[0], cmd)
+        except SandboxError as e:
+            os.write(1, f"FAIL: sandbox: {e}\n".encode())
+            os._exit(3)
         except OSError as e:
             os.write(2, f"sandbox: cannot run {cmd[0]}: {e.strerror}\n".encode())
         os._exit(127)
@@ -274,13 +293,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -I -B -m autoresearch.harness.sandbox POLICY.json -- CMD ...", file=sys.stderr)
         return 2
     policy = json.loads(Path(argv[0]).read_text())
-    try:
-        restrict(policy.get("read", []), policy.get("write", []), network=bool(policy.get("network")),
-                 deny=policy.get("deny", []), read_only=policy.get("read_only", []))
-    except SandboxError as e:
-        print(f"FAIL: sandbox: {e}", flush=True)
-        return 3
-    return supervise(argv[2:])
+    return supervise(argv[2:], policy)
 
 
 if __name__ == "__main__":

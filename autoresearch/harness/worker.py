@@ -60,9 +60,12 @@ def main(job_dir: str) -> int:
         model = factory(dict(meta["config"]))
         load_model(model, str(Path(job["checkpoint"]) / checkpoint.WEIGHTS), strict=True)
         model = model.to(device).eval()
-        if device.type == "cuda":
-            fn, args = pickle.loads((Path(job_dir) / "ipc.pkl").read_bytes())
-            inp, out = fn(*args[0]), fn(*args[1])
+        if job.get("transfer") == "ipc":
+            try:
+                fn, args = pickle.loads((Path(job_dir) / "ipc.pkl").read_bytes())
+                inp, out = fn(*args[0]), fn(*args[1])
+            except Exception as e:
+                raise RuntimeError(f"CUDA IPC: {e}") from None
         else:
             inp = torch.from_file(str(Path(job_dir) / "in.bin"), shared=True, size=B * T, dtype=torch.int64)
             out = torch.from_file(str(Path(job_dir) / "out.bin"), shared=True, size=B * T * V, dtype=torch.float32)
@@ -81,7 +84,7 @@ def main(job_dir: str) -> int:
         try:
             n = int(cmd[1])
             with torch.no_grad(), autocast:
-                logits = model(inp[:n])
+                logits = model(inp[:n].to(device))
             if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (n, T, V):
                 shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
                 raise ValueError(f"forward(idx) must return logits of shape {(n, T, V)}, not {shape}")

@@ -28,7 +28,7 @@ def _child(job: dict) -> int:
     log = os.open(os.path.join(d, "eval.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 2)
     if job.get("sandbox", True):
-        sandbox.restrict(job["policy"]["read"], job["policy"]["write"], network=False)
+        sandbox.restrict_policy(job["policy"])
     fin = os.open(os.path.join(d, "to_worker"), os.O_RDONLY)
     fout = os.open(os.path.join(d, "from_worker"), os.O_WRONLY)
     os.dup2(fin, 0)

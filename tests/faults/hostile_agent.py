@@ -71,7 +71,7 @@ elif attack == "val_train":             # trains on the validation split (and re
     print(f"read {val.size} validation tokens", flush=True)
 ''' + LOOP_END)
 elif attack == "budget_lie":            # trains three times the budget and says it kept to it
-    edit("    while trained < env.time_budget and step < STEPS:", "    while trained < 2 * env.time_budget + 4:")
+    edit("    while step < STEPS:", "    while trained < env.time_budget + 8:")
     edit(LOOP_END, LOOP_END + '''    print("---\\ntraining_seconds: 1.0", flush=True)
 ''')
 elif attack == "carry_over":            # leaves its weights where the next run could pick them up

@@ -74,7 +74,7 @@ def hostile(tmp_path, monkeypatch, tiny_dataset):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
     attack_file = tmp_path / "attack.txt"
     agent = f"{sys.executable} {HERE / 'hostile_agent.py'} {attack_file} {{prompt_file}}"
-    cfg = RunConfig(profile="cpu", time_budget=8, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
+    cfg = RunConfig(profile="cpu", time_budget=20, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
                     holdout_tokens=0, noise=NOISE, max_consecutive_crashes=1000, agent=agent, proposer="agent",
                     max_log_mb=1)
     return root, cfg, attack_file, cache, tok
