@@ -2,10 +2,10 @@
 
 The driver (`ar run` / `ar sweep`) keeps everything that makes the results one story: the queue, the
 proposals (made and committed in a driver-side worktree per slot), the decisions, results.tsv and the hooks.
-A task gets one experiment: the commit as a git bundle (bytes through the object store), the command, the
-AR_* settings and the hard timeout. On the worker it clones the bundle into a temp folder, checks that the
-data is prepared there, runs train.py with the same runner as on one machine (own process group, hard
-timeout, capped log) and returns the log, the evaluator record and the exit facts. Each task asks for one
+A task gets one experiment: the commit as a git bundle (bytes through the object store) and its RunRequest.
+On the worker it clones the bundle into a temp folder, checks that the data is prepared there and hashes as
+the driver's did, and runs the same trial as on one machine (experiment/trial.py: fresh workspace, sandboxed
+training on ar's clock, the trusted evaluator on that node) and returns the trial and the experiment's files. Each task asks for one
 unit of `ray_resource` (default `GPU`; tests use a custom resource on CPUs).
 
 Failures: a worker without prepared data ends its task with a `FAIL:` line naming the node and the fix; it
@@ -31,12 +31,10 @@ from ..errors import ConfigError, GitError
 from ..gitops import short
 from ..harness import logfmt
 from ..metrics import parse_step
-from ..runner import RunResult, run_training
+from ..runner import RunResult
 from . import Slot, parse_gpus
 
 MAX_LOSSES = 3           # a task lost with its worker this often is recorded as a crash
-RUNNER_VARS = ("AR_TIME_BUDGET", "AR_EVAL_TOKENS", "AR_DATASET", "AR_SEED", "AR_PROFILE", "AR_PEAK_TFLOPS",
-               "AR_GPU_TABLE", "AR_GPU_MEMORY_GB")
 
 
 def _ray():
@@ -49,11 +47,18 @@ def _ray():
 
 # ------------------------------------------------------------------------------------- on the worker
 
-def run_on_worker(bundle: bytes, sha: str, cmd: list[str], env: dict[str, str], timeout: float, max_log_bytes: int,
-                  data: tuple[str, int] | None):
-    """One experiment on a worker (a streaming generator task): clone the bundle, check the data, train.
-    Yields {"step": line, "node": host} about twice a second while training, then {"final": {...}} with the
-    log and record as bytes and the exit facts."""
+def run_on_worker(bundle: bytes, req, manifest: dict, allowance: float):
+    """One experiment on a worker (a streaming generator task): clone the bundle, check the data, then the same
+    trial as on one machine (experiment/trial.py: fresh workspace, sandboxed run on ar's clock, the trusted
+    evaluator on this node's GPU). Yields {"step": line, "node": host} about twice a second while training, then
+    {"final": {...}} with the trial and the experiment's files as bytes."""
+    import dataclasses
+
+    from ..experiment import evaluate
+    from ..experiment.trial import run_trial
+    from ..gitops import GitRepo
+    from ..harness.data import check_prepared
+    from ..harness.env import default_cache
     node = socket.gethostname()
     work = Path(tempfile.mkdtemp(prefix="ar-task-"))
     try:
@@ -64,42 +69,41 @@ def run_on_worker(bundle: bytes, sha: str, cmd: list[str], env: dict[str, str], 
             subprocess.run(["git", "init", "--quiet", str(repo)], **quiet)
             subprocess.run(["git", "-C", str(repo), "fetch", "--quiet", str(work / "exp.bundle"), "+refs/*:refs/b/*"],
                            **quiet)
-            subprocess.run(["git", "-C", str(repo), "checkout", "--quiet", "--detach", sha], **quiet)
+            subprocess.run(["git", "-C", str(repo), "checkout", "--quiet", "--detach", req.commit], **quiet)
         except subprocess.CalledProcessError as e:
-            raise RuntimeError(f"worker {node} could not check out {sha[:7]}: {(e.stderr or '').strip()}") from None
-        if data is not None:
-            from ..errors import DataError
-            from ..harness.data import check_prepared
-            from ..harness.env import default_cache
-            try:
-                check_prepared(default_cache(), data[0], data[1])
-            except DataError as e:
-                msg = (f"{logfmt.FAIL_PREFIX} worker {node} has no prepared data: {e}; prepare it on every worker "
-                       f"(`ar prepare` there, or a shared AR_CACHE) before `--executor ray`")
-                yield {"final": {"node": node, "log": (msg + "\n").encode(), "record": None, "returncode": 3,
-                                 "timed_out": False, "stop_reason": "no prepared data", "wall": 0.0,
-                                 "truncated": False}}
-                return
-        run_env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
-        run_env.update(env)
-        run_env["AR_RESULT_FILE"] = str(work / "record.json")
+            raise RuntimeError(f"worker {node} could not check out {req.commit[:7]}: {(e.stderr or '').strip()}") from None
+        from ..errors import DataError
+        try:
+            tok_dir = check_prepared(default_cache(), req.dataset, req.profile.vocab_size)
+        except DataError as e:
+            msg = (f"{logfmt.FAIL_PREFIX} worker {node} has no prepared data: {e}; prepare it on every worker "
+                   f"(`ar prepare` there, or a shared AR_CACHE) before `--executor ray`")
+            yield {"final": {"node": node, "failed": msg}}
+            return
+        cmd = list(req.train_command)
         if cmd and Path(cmd[0]).name.startswith("python"):
             cmd = [sys.executable, *cmd[1:]]        # the worker's interpreter, not the driver's path
+        req = dataclasses.replace(req, tok_dir=tok_dir, cache=default_cache(), train_command=tuple(cmd))
+        exp_dir = work / "exp"
+        exp_dir.mkdir()
         steps: queue.Queue[str] = queue.Queue()
         box: dict = {}
+        server = evaluate.Server(work / "evaluator.log", req.slot_env)
 
-        def train() -> None:
+        def trial() -> None:
             try:
-                box["r"] = run_training(cmd, cwd=repo, env=run_env, log_path=work / "train.log", timeout=timeout,
-                                        max_log_bytes=max_log_bytes,
-                                        on_line=lambda ln: steps.put(ln) if ln.startswith("step ") else None)
+                box["t"] = run_trial(req, GitRepo(repo), work_root=work / "run", exp_dir=exp_dir, manifest=manifest,
+                                     fingerprint=None, allowance=allowance, server=server,
+                                     on_line=lambda ln: steps.put(ln) if ln.startswith("step ") else None)
             except BaseException as e:  # noqa: BLE001 — handed to the driver below
                 box["e"] = e
+            finally:
+                server.close()
 
-        t = threading.Thread(target=train, daemon=True)
-        t.start()
+        th = threading.Thread(target=trial, daemon=True)
+        th.start()
         last, latest = 0.0, None
-        while t.is_alive():
+        while th.is_alive():
             try:
                 latest = steps.get(timeout=0.25)
             except queue.Empty:
@@ -107,14 +111,11 @@ def run_on_worker(bundle: bytes, sha: str, cmd: list[str], env: dict[str, str], 
             if latest and time.monotonic() - last >= 0.5:
                 yield {"step": latest, "node": node}
                 last, latest = time.monotonic(), None
-        t.join()
+        th.join()
         if "e" in box:
             raise box["e"]
-        r, record = box["r"], work / "record.json"
-        yield {"final": {"node": node, "log": (work / "train.log").read_bytes(),
-                         "record": record.read_bytes() if record.exists() else None, "returncode": r.returncode,
-                         "timed_out": r.timed_out, "stop_reason": r.stop_reason, "wall": r.wall_seconds,
-                         "truncated": r.log_truncated}}
+        files = {f.name: f.read_bytes() for f in exp_dir.iterdir() if f.is_file()}
+        yield {"final": {"node": node, "trial": box["t"], "files": files}}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -190,25 +191,17 @@ class RayExecutor:
             return (Path(d) / "b").read_bytes()
 
     def train(self, view, x, budget: float, seed: int):
-        """Loop._train on the cluster: returns (RunResult, None) with the log and record in x.exp_dir."""
+        """Loop._train on the cluster: the same trial on a worker; its files land in x.exp_dir."""
         ray = _ray()
-        record = x.exp_dir / "record.json"
-        record.unlink(missing_ok=True)
-        env = {"AR_TIME_BUDGET": f"{budget:g}", "AR_EVAL_TOKENS": str(view.eval_tokens), "AR_DATASET": view.cfg.dataset,
-               "AR_SEED": str(seed), "AR_PROFILE": view.profile.name}
-        env.update({k: os.environ[k] for k in RUNNER_VARS if k in os.environ and k not in env})
-        data = (view.cfg.dataset, view.profile.vocab_size) if view.cfg.prepare_data else None
-        timeout = budget + view.cfg.startup_allowance + view.cfg.eval_allowance
+        req = view.request(x, budget, seed)
         try:
             bundle = ray.put(self._bundle(view.git, x.sha, x.spec.id))
         except GitError as e:
             return self._failed(x, f"could not bundle {short(x.sha)}: {e}"), None
         view._status_exp(x, "training", budget=budget)
-        x.t_run = 0.0          # the record comes back with the result; another machine's clock is not compared
-        t0 = time.monotonic()
+        x.t_run = 0.0
         for attempt in range(1, MAX_LOSSES + 1):
-            ref = self._remote.remote(bundle, x.sha, list(view.cfg.train_command), env, timeout,
-                                      int(view.cfg.max_log_mb * 2**20), data)
+            ref = self._remote.remote(bundle, req, view.fingerprint.eval_files, view.allowance)
             with self._lock:
                 self._running[view._slot.index] = ref
             try:
@@ -230,13 +223,21 @@ class RayExecutor:
                     self._running.pop(view._slot.index, None)
         else:
             return self._failed(x, f"its Ray worker was lost {MAX_LOSSES} times; not sent again"), None
+        if "failed" in out:
+            why = out["failed"].removeprefix(logfmt.FAIL_PREFIX).strip()
+            return self._failed(x, why, stop=why), None
+        for name, data in out["files"].items():
+            (x.exp_dir / name).write_bytes(data)
         log = x.exp_dir / "train.log"
-        log.write_bytes(out["log"] + f"[ar] ran on Ray node {out['node']}\n".encode())
-        if out["record"] is not None:
-            record.write_bytes(out["record"])
+        with open(log, "ab") as f:
+            f.write(f"[ar] ran on Ray node {out['node']}\n".encode())
+        trial = out["trial"]
+        trial.outcome.result.log_path = log
+        view._take(x, trial)
+        if trial.verdict.holdout_bpb is not None:
+            view._private(x, trial.verdict.holdout_bpb)
         view._status_slot(view._slot, None, None, keep_experiment=True, node=out["node"])
-        return RunResult(out["returncode"], out["timed_out"], out["stop_reason"], time.monotonic() - t0, log,
-                         out["truncated"]), None
+        return trial.outcome.result, None
 
     @staticmethod
     def _follow(view, x, gen, budget: float) -> dict:
@@ -255,7 +256,13 @@ class RayExecutor:
 
     @staticmethod
     def _failed(x, why: str, stop: str | None = None) -> RunResult:
+        """A run that never happened: recorded as a crash (or interrupted) with `why`."""
+        from ..experiment.evaluate import Verdict
+        from ..experiment.execute import TrainOutcome
         log = x.exp_dir / "train.log"
         with open(log, "a") as f:
             f.write(f"{logfmt.FAIL_PREFIX} {why}\n")
-        return RunResult(None, False, stop or why, 0.0, log, False)
+        result = RunResult(None, False, stop or why, 0.0, log, False)
+        x.outcome = TrainOutcome(result, None, 0.0, None, None, False)
+        x.verdict = Verdict(None, None, None, {}, None)
+        return result
