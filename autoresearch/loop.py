@@ -210,6 +210,9 @@ class Loop:
             raise ConfigError(f"cannot sandbox proposal code: {why}; fix that, or pass --unsandboxed to run without "
                               "it (every result of the tag is then marked unsandboxed)")
         self.sandboxed = ok and self.cfg.sandbox
+        if not self.sandboxed:
+            self.say(f"proposal code runs WITHOUT the sandbox ({why if not ok else '--unsandboxed'}); every result "
+                     "of this session is marked unsandboxed", "warn")
         self.allowance = self.cfg.startup_allowance   # tightened once the baseline's startup is measured
 
     def _prepare_tree(self, resume: bool) -> None:
@@ -744,6 +747,8 @@ class Loop:
         return recompute_mfu(m, peak)
 
     def _row(self, x: "_Exp", status: Status, *, m=None, reason: str = "") -> Row:
+        if not self.sandboxed:
+            reason = f"unsandboxed; {reason}" if reason else "unsandboxed"
         return Row(commit=short(x.sha) if x.sha else "", val_bpb=x.val_bpb,
                    memory_gb=None if m is None or m.memory_gb is None else round(m.memory_gb, 1), status=status,
                    description=x.description or x.spec.kind, exp_id=x.spec.id, tag=self.tag,
