@@ -227,15 +227,43 @@ class Loop:
             self.git.ensure_clean()
         created = self.git.checkout_branch(self.tag)
         meta = self.tag_dir / "meta.json"
+        settings = self._comparable()
         if created or not meta.exists():
             head = self.git.head_sha()
-            _write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso()})
+            _write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso(),
+                               "settings": settings})
             self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
                      f"in runs/{self.tag}/")
         else:
+            doc = json.loads(meta.read_text())
+            for key, now in settings.items():
+                was = (doc.get("settings") or {}).get(key, now)
+                if was != now and not (key == "time_budget" and self.command.startswith("ar sweep")):
+                    raise ConfigError(f"tag {self.tag} was run with {key} {was}, this run asks for {now}: their "
+                                      f"results are not comparable; pick a new tag (--tag) or the same {key}")
             n = len(self.ledger.rows())
             self.say(f"resuming tag {self.tag} on {self.branch}: {n} result{'s' * (n != 1)} so far")
         self.base_sha = json.loads(meta.read_text())["base"]
+        self._adopt_fix(meta)
+
+    def _comparable(self) -> dict:
+        """What must stay the same for a tag's results to compare."""
+        return {"time_budget": self._budget(None), "dataset": self.cfg.dataset, "profile": self.profile.name,
+                "eval_tokens": self.eval_tokens}
+
+    def _adopt_fix(self, meta: Path) -> None:
+        """Nothing kept yet (a crashed baseline, say) and the user committed a fix on the branch: start from it
+        rather than reset it away."""
+        if self.ledger.best_kept() is not None or self.git.dirty_paths():
+            return
+        head = self.git.head_sha()
+        if head == self.base_sha or "\nar: tag " in self.git.repo.commit(head).message:
+            return
+        doc = json.loads(meta.read_text())
+        _write_json(meta, {**doc, "base": head, "previous_base": self.base_sha})
+        self.say(f"no result was kept yet: starting from your current HEAD {short(head)} "
+                 f"(not {short(self.base_sha)})")
+        self.base_sha = head
 
     def _restore_best(self) -> str:
         """Reset the branch and tree to the best kept commit; drop refs of experiments without a row."""

@@ -38,9 +38,10 @@ def find_tags(repo: str | Path) -> list[str]:
     return [p.parent.name for p in found]
 
 
-def load(repo: str | Path, tag: str | None = None, all_tags: bool = False) -> tuple[list[str], list, str | None]:
+def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
+         warn=None) -> tuple[list[str], list, str | None]:
     """(tags, rows, message). message says why there is nothing to report (missing or empty), else None.
-    A corrupt results.tsv raises the ledger's error (with the line number)."""
+    A corrupt line of results.tsv is named through `warn` and skipped, as `ar run` and `ar status` do."""
     from .ledger import read_results
 
     runs = Path(repo) / "runs"
@@ -61,7 +62,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False) -> tu
         path = runs / t / "results.tsv"
         if not path.is_file():
             return tags, [], f"no results for tag {t!r}: {path} does not exist"
-        for r in read_results(path):
+        for r in read_results(path, warn=warn or (lambda msg: None)):
             r.tag = r.tag or t  # upstream's rows have no tag column
             rows.append(r)
     if not rows:

@@ -219,9 +219,11 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
     cfg = config.replace(cfg, profile=p.profile)
     git = GitRepo(p.repo)
-    if not git.branch_exists(p.tag):
-        git.ensure_clean()
-        git.repo.create_head(branch_name(p.tag), p.base)
+    if not git.branch_exists(p.tag):   # nothing touches the repo before its lock is held (an `ar run` may own it)
+        from .lock import RepoLock
+        with RepoLock(git.root / "runs" / ".ar.lock", tag=p.tag, command=command):
+            git.ensure_clean()
+            git.repo.create_head(branch_name(p.tag), p.base)
     monitor = EarlyStopper(p.tag_dir, p.sweep.early_stop) if early_stop else None
     result = SweepResult()
 

@@ -23,7 +23,8 @@ def report(
     plot: Annotated[Optional[Path], typer.Option(help="Write the progress plot to this PNG.")] = None,
 ) -> None:
     """Read the results of a run or a sweep: the best config and how to reproduce it."""
-    tags, rows, message = rep.load(repo, tag, all_tags)
+    tags, rows, message = rep.load(repo, tag, all_tags,
+                                   warn=lambda msg: console.print(f"warning: {msg}", highlight=False, soft_wrap=True))
     if message:
         console.print(message, highlight=False, soft_wrap=True)
         return

@@ -70,7 +70,7 @@ GpusOpt = Annotated[Optional[str], typer.Option(help="Slots: GPU indices 0,1,…
 StaleOpt = Annotated[Optional[str], typer.Option(help="A win whose parent is no longer the best: rerun (on the new "
                                                       "best, default) or record (as stale).")]
 ExecutorOpt = Annotated[Optional[str], typer.Option(help="local (this machine's slots) or ray (a Ray cluster; "
-                                                         "pip install 'autoresearch-ar[ray]').")]
+                                                         "pip install 'autoresearch-ar\\[ray]').")]
 AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (with --executor ray).")]
 
 

@@ -116,7 +116,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     startup = timed_from[0] if timed_from else None
     written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
     ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
-    trained = ended - (startup or 0.0)
+    trained = ended - startup if startup is not None else 0.0   # never past warm-up: only the total limit applies
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     interval = statistics.median(gaps) if gaps else None
     allowance = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
