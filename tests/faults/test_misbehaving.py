@@ -2,7 +2,7 @@
 (tests/fixtures/fake_train.py): broken or rule-breaking proposals at proposal time (scripted agents), and runs
 that misbehave at run time (FAIL_MODE knob edits, most riding along with an improving knob so that a naive runner
 would keep them). Each ends as `rejected`, `discard`, `crash` or `timeout` with a reason that says why — never
-`keep` (one exception: the stand-in's wipe_runs, whose attempt the sandbox makes a silent no-op; see its case);
+`keep`;
 the records, the repo, .git, the package and the data stay whole; nothing outlives its run; and an honest win is
 still kept afterwards. (tests/faults/test_hostile.py attacks the evaluation itself with a real model.)"""
 
@@ -138,11 +138,7 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
         "crash with a traceback": ({"FAIL_MODE": "crash", **WIN}, {"crash"}, ("scripted crash",)),
         "exits without a checkpoint": ({"FAIL_MODE": "no_checkpoint", **WIN}, {"crash"}, ("checkpoint",)),
         "NaN logits": ({"FAIL_MODE": "nan_logits", **WIN}, {"rejected", "crash"}, ("not finite",)),
-        # Last of the riders, as it may be kept: the stand-in lists runs/ with Path.glob, which swallows the
-        # sandbox's PermissionError, so it finds nothing to wipe, trains as usual and is judged on its real gain.
-        # A keep means ar saw runs/ unchanged after the run (else: crash, "the run changed ..."); every record
-        # survives either way (the audit). The direct write to results.tsv above is the loud version.
-        "deletes/truncates runs/ at run time": ({"FAIL_MODE": "wipe_runs", **WIN}, {"crash", "keep"}, REFUSED + ("",)),
+        "deletes/truncates runs/ at run time": ({"FAIL_MODE": "wipe_runs", **WIN}, {"crash"}, REFUSED),
         "background processes outliving the run": ({"FAIL_MODE": "spawn"}, {"discard"}, ("",)),
         "a daemon that leaves the process group": ({"FAIL_MODE": "daemon"}, {"discard"}, ("",)),
         "floods 200 MB of output": ({"FAIL_MODE": "flood", "FLOOD_MB": 200}, {"discard", "timeout"}, ("",)),
