@@ -465,8 +465,8 @@ def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
     assert p.returncode == 130, err
     rows = assert_consistent(root)
     assert [r.status.value for r in rows] == ["keep", "interrupted"]
-    again = ar("run", "--repo", str(root), "--tag", "t", "--config", str(write_cfg(tmp_path)), "--max-experiments",
-               "1", cwd=tmp_path)
+    again = ar("run", "--repo", str(root), "--tag", "t", "--config", str(write_cfg(tmp_path, time_budget=3)),
+               "--max-experiments", "1", cwd=tmp_path)           # a tag keeps its budget: the same one again
     out, err = again.communicate(timeout=60)
     assert again.returncode == 0, err
     assert [r.status.value for r in assert_consistent(root)][:2] == ["keep", "interrupted"]

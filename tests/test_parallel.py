@@ -274,7 +274,7 @@ def test_ctrl_c_and_kill_9_with_two_slots(tmp_path):
         time.sleep(0.1)
     assert not _train_procs(root)
     before = len(statuses(root))
-    lp = ParallelLoop(cfg(gpus="cpu:2"), root, "t", StrategyProposer())
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=4.0), root, "t", StrategyProposer())   # the tag's budget
     lp.run(max_experiments=2)
     assert len(statuses(root)) == before + 2
     assert_consistent(root)
