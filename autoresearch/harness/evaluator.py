@@ -392,13 +392,16 @@ def serve() -> int:
             if not line.strip():
                 continue
             req = json.loads(line)
+            released: list[str] = []
 
             def go(rid=req["id"]):
-                cmd = sys.stdin.readline().split()
-                if cmd != ["go", str(rid)]:
+                released.append(sys.stdin.readline())
+                if released[0].split() != ["go", str(rid)]:
                     raise Rejected("the run ended without a checkpoint")
 
             _run(req, zygote, go, cache)
+            if not released:             # rejected before the run ended (changed data): its go/stop still comes
+                sys.stdin.readline()
             print(f"done {req['id']}", flush=True)
     finally:
         zygote.close()

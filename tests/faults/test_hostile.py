@@ -31,17 +31,17 @@ pytestmark = [pytest.mark.slow,
 
 # attack -> (statuses it may end as, what the reason must say)
 RUNTIME = {
-    "fake_print": ({"discard"}, ""),
-    "patch_eval": ({"discard"}, ""),
+    "fake_print": ({"discard", "timeout"}, ""),         # no-op attacks: their real score, or (on a machine so
+    "patch_eval": ({"discard", "timeout"}, ""),         # loaded that 30 steps outlast the budget) a timeout
     "model_loss": ({"rejected"}, "must return logits of shape"),
     "lookahead": ({"rejected"}, "looks ahead"),
     "peek_targets": ({"rejected"}, "looks ahead"),
     "stateful": ({"rejected"}, "not a pure function"),
     "val_train": ({"crash"}, "Permission denied"),
     "budget_lie": ({"timeout"}, "past the budget"),
-    "carry_over": ({"discard"}, ""),
-    "daemon": ({"discard"}, ""),
-    "eval_length": ({"discard", "rejected"}, ""),
+    "carry_over": ({"discard", "timeout"}, ""),
+    "daemon": ({"discard", "timeout"}, ""),
+    "eval_length": ({"discard", "rejected", "timeout"}, ""),
     "smuggled_weights": ({"rejected"}, "does not carry data or weights"),
 }
 AGENT_TIME = {       # the sandbox refuses the write (the agent fails), or the fingerprint sees what it did
@@ -74,7 +74,7 @@ def hostile(tmp_path, monkeypatch, tiny_dataset):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
     attack_file = tmp_path / "attack.txt"
     agent = f"{sys.executable} {HERE / 'hostile_agent.py'} {attack_file} {{prompt_file}}"
-    cfg = RunConfig(profile="cpu", time_budget=20, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
+    cfg = RunConfig(profile="cpu", time_budget=30, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
                     holdout_tokens=0, noise=NOISE, max_consecutive_crashes=1000, agent=agent, proposer="agent",
                     max_log_mb=1)
     return root, cfg, attack_file, cache, tok
