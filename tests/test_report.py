@@ -141,13 +141,14 @@ def test_missing_and_empty_results_are_one_line_exit_0(tmp_path, monkeypatch, ca
     assert code == 0 and out.startswith("no results for tag 'nope'")
 
 
-def test_corrupt_results_exit_non_zero_with_the_line_number(upstream_repo, monkeypatch, capsys):
+def test_a_corrupt_results_line_is_named_and_the_rest_reported(upstream_repo, monkeypatch, capsys):
     f = upstream_repo / "runs" / "mar5" / "results.tsv"
     lines = f.read_text().splitlines(keepends=True)
     lines[3] = "c3d4e5f\tnot-a-number\t44.0\tdiscard\tbroken\n"
     f.write_text("".join(lines))
     code, out, err = ar(["report", "--repo", upstream_repo], monkeypatch, capsys)
-    assert code != 0 and "line 4" in err and "Traceback" not in err
+    assert code == 0 and "line 4" in out + err and "Traceback" not in err      # as `ar run` and `ar status` do
+    assert "c3d4e5f" not in out and lines[1].split("\t")[0] in out
 
 
 def test_default_tag_is_the_newest_and_all_reads_every_tag(upstream_repo, monkeypatch, capsys):
