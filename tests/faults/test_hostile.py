@@ -84,12 +84,13 @@ def last(root: Path):
     return read_results(root / "runs" / "t" / "results.tsv")[-1]
 
 
-def sleepers(since: float) -> list[psutil.Process]:
+def sleepers(since: float, root: Path) -> list[psutil.Process]:
+    """Processes of this test's runs (their working folder is under its repo) still alive."""
     out = []
     for p in psutil.process_iter(["create_time"]):
         try:
             if (p.info["create_time"] or 0) >= since - 1 and "train.py" in " ".join(p.cmdline()) and \
-                    p.status() != psutil.STATUS_ZOMBIE:
+                    p.status() != psutil.STATUS_ZOMBIE and p.cwd().startswith(str(root)):
                 out.append(p)
         except psutil.Error:
             continue
@@ -127,7 +128,7 @@ def test_runtime_attacks_are_never_kept_and_an_honest_change_is(hostile, table):
     for carried in (cache / "carry.pt", Path("/tmp/ar-hostile-carry.pt"), root / "carry.pt",
                     root / "runs" / "carry.pt"):
         assert not carried.exists(), f"the run left weights at {carried}"
-    assert not sleepers(t0), "a daemon outlived its run"
+    assert not sleepers(t0, root), "a daemon outlived its run"
     assert not (root / "runs" / ".work").exists() or not any((root / "runs" / ".work").glob("t-0*"))
     table.add("hostile proposals at run time: forged output, patched scoring, model-computed loss, look-ahead, "
               "target peeking, learning from evaluation inputs, training on validation data, budget lies, "
