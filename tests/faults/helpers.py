@@ -18,7 +18,7 @@ from autoresearch import faults
 from autoresearch.gitops import GitRepo
 from autoresearch.ledger import Row, Status, read_results
 from autoresearch.queue import ExperimentQueue
-from test_loop import EVAL_TOKENS, make_repo  # noqa: F401  (re-exported: one stand-in repo for every suite)
+from test_loop import EVAL_TOKENS, Cycle, make_repo  # noqa: F401  (re-exported: one stand-in repo for every suite)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 AGENTS = FIXTURES / "agents"
@@ -187,3 +187,20 @@ def hook_firings(journal: Path) -> list[tuple]:
             if e.get("phase") == "start":
                 out.append((e["event"], e["key"], e["i"]))
     return out
+
+
+def own_copies(tmp_path: Path, monkeypatch, tiny_dataset, name: str) -> tuple[Path, Path, Path]:
+    """This test's own copy of the data (as `builtin`, in AR_CACHE) and of the installed package (what the
+    fingerprint watches): attacks aim at these, never at the shared dataset or the checkout. (cache, pkg, tok)"""
+    import shutil
+
+    import autoresearch
+    import autoresearch.integrity as integrity
+    cache = tmp_path / name
+    tok = cache / "builtin" / tiny_dataset.tok_dir.name
+    shutil.copytree(tiny_dataset.tok_dir, tok)
+    pkg = tmp_path / "pkg" / "autoresearch"
+    shutil.copytree(Path(autoresearch.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(integrity, "PACKAGE_DIR", pkg)
+    monkeypatch.setenv("AR_CACHE", str(cache))
+    return cache, pkg, tok

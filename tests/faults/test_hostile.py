@@ -14,13 +14,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-import autoresearch
-import autoresearch.integrity as integrity
 from autoresearch.config import RunConfig
 from autoresearch.harness import sandbox
 from autoresearch.ledger import Status, read_results
 from autoresearch.loop import Loop
 from autoresearch.proposers.agent import AgentProposer
+
+from .helpers import own_copies
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "fixtures"
@@ -55,13 +55,7 @@ AGENT_TIME = {       # the sandbox refuses the write (the agent fails), or the f
 @pytest.fixture
 def hostile(tmp_path, monkeypatch, tiny_dataset):
     """A repo with tiny_train.py, its own copy of the data (as `builtin`) and of the installed package."""
-    cache = tmp_path / "hostile-cache"        # not the suite's shared cache: these attacks move data around
-    tok = cache / "builtin" / tiny_dataset.tok_dir.name
-    shutil.copytree(tiny_dataset.tok_dir, tok)
-    pkg = tmp_path / "pkg" / "autoresearch"
-    shutil.copytree(Path(autoresearch.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(integrity, "PACKAGE_DIR", pkg)
-    monkeypatch.setenv("AR_CACHE", str(cache))
+    cache, pkg, tok = own_copies(tmp_path, monkeypatch, tiny_dataset, "hostile-cache")   # attacks move data
     monkeypatch.setenv("HOSTILE_PACKAGE", str(pkg))
     monkeypatch.setenv("HOSTILE_DATASET", str(tok))
     root = tmp_path / "repo"

@@ -9,7 +9,6 @@ still kept afterwards. (tests/faults/test_hostile.py attacks the evaluation itse
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,15 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-import autoresearch
-import autoresearch.integrity as integrity
 from autoresearch.config import RunConfig
 from autoresearch.harness import sandbox
 from autoresearch.ledger import Status, read_results
 from autoresearch.loop import Event, Loop
 from autoresearch.proposers.agent import AgentProposer
 
-from .helpers import EVAL_TOKENS, History, agent_cmd, audit, make_repo
+from .helpers import EVAL_TOKENS, Cycle, History, agent_cmd, audit, make_repo, own_copies
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not sandbox.available()[0], reason="needs Landlock: " + sandbox.available()[1])]
@@ -54,18 +51,6 @@ def cfg(**kw) -> RunConfig:
     return RunConfig(**base)
 
 
-class Cycle:
-    """Hands each proposal to the next scripted agent in a list."""
-
-    name = "agent"
-
-    def __init__(self, proposers):
-        self.proposers = list(proposers)
-
-    def propose(self, ctx):
-        return self.proposers.pop(0).propose(ctx)
-
-
 def digest(folder: Path) -> dict[str, str]:
     return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
             for f in sorted(folder.rglob("*")) if f.is_file()}
@@ -88,14 +73,7 @@ def leftovers(cache: Path, since: float) -> list[psutil.Process]:
 def own_data(tmp_path, monkeypatch, tiny_dataset):
     """This test's own copy of the data (as `builtin`) and of the installed package (what the fingerprint
     watches): the run-time tampering aims at these, never at the shared dataset or the checkout."""
-    cache = tmp_path / "own-cache"
-    tok = cache / "builtin" / tiny_dataset.tok_dir.name
-    shutil.copytree(tiny_dataset.tok_dir, tok)
-    pkg = tmp_path / "pkg" / "autoresearch"
-    shutil.copytree(Path(autoresearch.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(integrity, "PACKAGE_DIR", pkg)
-    monkeypatch.setenv("AR_CACHE", str(cache))
-    return cache, pkg, tok
+    return own_copies(tmp_path, monkeypatch, tiny_dataset, "own-cache")
 
 
 def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
