@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -86,7 +86,6 @@ class TrainOutcome:
     step_interval: float | None           # median gap between step lines as they arrived
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
-    arrivals: list[float] = field(default_factory=list)
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
@@ -133,4 +132,4 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     elif trained > req.time_budget + slack:
         over = (f"trained {trained:.1f}s by ar's clock after its warm-up steps, past the budget {req.time_budget:g}s "
                 f"+ last-step slack {slack:.1f}s")
-    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, arrivals)
+    return TrainOutcome(result, startup, trained, interval, over, req.sandbox)
