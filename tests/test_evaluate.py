@@ -187,3 +187,28 @@ def test_no_checkpoint_is_no_score_and_the_server_goes_on(tmp_path, server, job)
     assert rec["val_bpb"] is None and "without a checkpoint" in rec["rejected"]
     rec = server.score(req)                                   # the next request is scored as usual
     assert rec["val_bpb"] == pytest.approx(by_hand([0.0] * 4, [0, 1, 2, 3], ROW * 2)[0], rel=1e-6)
+
+
+
+@pytest.mark.parametrize("case", ["starting", "idle", "after an evaluation"])
+def test_closing_a_session_server_leaves_no_process_not_even_a_zombie(tmp_path, job, case):
+    """When `ar` returns, no process of its evaluator session may be left: a worker left as a zombie for init
+    to reap keeps its Landlock rules and so the deleted workspace's inodes, and a remount of runs/ right
+    after fails 'busy' (seen in CI)."""
+    import time
+
+    import psutil
+
+    from autoresearch.experiment.evaluate import Server as Session
+    s = Session(tmp_path / "runs" / "evaluator.log")
+    proc = s.ensure()
+    if case == "idle":
+        time.sleep(3)                                     # the fork server has imported torch and waits
+    if case == "after an evaluation":
+        req = job(handmade(tmp_path, [0, 1, 2, 3]), [0.0] * 4, eval_tokens=2 * T, rows=2)
+        assert s.send(json.dumps({**req, "id": 1})) and s.send("go 1") and s.wait_done(1, 60)
+        assert json.loads(Path(req["record"]).read_text())["val_bpb"] is not None
+    started = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    s.close()
+    assert not [pid for pid in started if psutil.pid_exists(pid)]
+    assert "Traceback" not in (tmp_path / "runs" / "evaluator.log").read_text()

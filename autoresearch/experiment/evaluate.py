@@ -88,18 +88,20 @@ class Server:
         return False
 
     def close(self) -> None:
-        """Stop at once: every record was written before its "done", so there is nothing to flush (the fork
-        server sees its pipe close and exits by itself)."""
+        """Stop the server; it stops its fork server, which kills and reaps every model worker. When this
+        returns no process of the session is left, not even a zombie: a read-only remount or an unmount of
+        runs/ right after `ar` exits must not find the workspace's inodes still held."""
         if self.proc is None:
             return
         try:
             self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            os.killpg(self.proc.pid, 9)
-        except OSError:
-            pass
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, 9)            # the fork server shares its group
+            except OSError:
+                pass
         self.proc.wait()
         self.proc = None
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import math
 import os
 import pickle
@@ -66,7 +67,7 @@ class Zygote:
     def __init__(self, log):
         self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.zygote"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
-                                     start_new_session=True, cwd="/")
+                                     cwd="/")   # in the evaluator's process group: whoever stops that stops both
         self.ready = False
 
     def spawn(self, job: dict) -> int:
@@ -82,15 +83,14 @@ class Zygote:
         return int(line[1])
 
     def close(self) -> None:
+        """Stop the fork server; it kills and reaps every worker first. A worker left as a zombie for init to
+        reap would keep its Landlock rules, and with them the deleted workspace's inodes, alive."""
         try:
             self.proc.stdin.close()
+            self.proc.terminate()
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.killpg(self.proc.pid, 9)
-        except OSError:
-            pass
+            self.proc.kill()
         self.proc.wait()
 
 
@@ -385,6 +385,7 @@ def _run(req: dict, zygote: Zygote, go, cache: dict) -> None:
 
 def serve() -> int:
     """A session's evaluator: one request (a JSON line) at a time; "go ID" / "stop ID" release it; "done ID"."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))     # ar's stop: the finally below still runs
     zygote = Zygote(sys.stderr)
     cache: dict = {}
     try:

@@ -46,6 +46,14 @@ def _child(job: dict) -> int:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))     # the evaluator's stop: workers are reaped below
+    try:
+        return _serve()
+    finally:
+        sandbox._kill_below(os.getpid())
+
+
+def _serve() -> int:
     import torch  # noqa: F401  (the point: imported once, before any fork)
     import safetensors.torch  # noqa: F401
 
@@ -73,7 +81,6 @@ def main() -> int:
                     pass
                 os._exit(code if isinstance(code, int) else 1)
         print(f"pid {pid}", flush=True)
-    sandbox._kill_below(os.getpid())
     return 0
 
 
