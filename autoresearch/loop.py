@@ -1,13 +1,14 @@
-"""The path of one experiment, and the loop around it.
+"""The loop: one tag's session (lock, branch, baseline, noise, queue, ledger) and the path of one experiment.
 
-The path of one experiment (`Loop.run_one`):
- 1. take the next spec from the queue; mark it started
- 2. let the proposer edit the working tree (agent command, or a knob rewrite)
- 3. check the change (guards) -> else record `rejected`
- 4. commit; remember the SHA of the best kept commit
- 5. run train.py in its own process group with the runner's env; stream the log
- 6. parse the log; cross-check val_bpb with the record; recompute MFU from the table
- 7. decide (pure function); `git reset --hard <best sha>` unless kept
+The path of one experiment (the scheduler, scheduler.py, drives it; `Loop.prepare_and_run` runs in a slot):
+ 1. start: take the next spec from the queue; mark it started                     (Loop.start, here)
+ 2. propose: the proposer edits the slot's tree (agent command, or a knob rewrite) (prepare_and_run, slot)
+ 3. check the change (guards, integrity) -> else record `rejected`
+ 4. commit
+ 5. execute + evaluate: the executor runs train.py in a fresh sandboxed workspace on ar's clock, then the
+    trusted evaluator scores the checkpoint (experiment/trial.py)                 (executor.train, slot)
+ 6. classify: ar's clock and the evaluator's record decide; what the run printed is shown, never believed
+ 7. decide (pure function, against the best *now*); `git reset --hard <best>` unless kept  (settle, here)
  8. append the row to the ledger (the commit point), then mark the spec done in the queue
  9. fire the hooks for the events of this experiment
 
@@ -18,14 +19,16 @@ branch go back to the best kept commit; refs of half-made experiment commits are
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
 "time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
 "rerun" ({"commit": sha, "seed": int, "time_budget": s|None}: the same commit with another seed, recorded
-as `validation`, never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside `with Loop(...)`,
-then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a run as `pruned`.
+as `validation`, never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
+`with Loop(...)`, then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a
+run as `pruned`.
 
 What `ar run` builds around a Loop (proposer, profile, data) and what `ar status` reads back are in session.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -43,7 +46,7 @@ from . import faults, guards
 from .config import RunConfig
 from .decide import decide, noise_from_repeats
 from .errors import ArError, ConfigError, GitError
-from .gitops import GitRepo, branch_name, check_tag, default_tag, environ_without_git, short
+from .gitops import GitRepo, branch_name, check_tag, default_tag, short
 from .harness import gpus
 from .harness.env import default_cache, resolve_profile
 from .hooks import Hooks
@@ -60,13 +63,17 @@ from .harness import sandbox
 from .harness.data import check_prepared
 from .integrity import Fingerprint, no_bytecode
 from .request import RunRequest
+from .executors import Slot
+from .executors.local import InlineExecutor, clean_worktree
 from .runner import STOP_INTERRUPTED
+from .scheduler import Outcome, Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
 DIFF_CAP = 1 << 20
 TAIL_LINES = 64
 MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
+BUILTIN_PROPOSERS = ("grid", "random", "strategy")
 
 
 @dataclass
@@ -95,19 +102,12 @@ class Summary:
     interrupted: bool = False
 
 
-class _Stop(Exception):
-    """The loop ends here, for the given reason (said as one line)."""
-
-    def __init__(self, reason: str, *, failed: bool = False, interrupted: bool = False):
-        super().__init__(reason)
-        self.failed, self.interrupted = failed, interrupted
-
-
 class Loop:
     def __init__(self, cfg: RunConfig, repo: str | Path, tag: str | None = None, proposer: Proposer | None = None,
                  *, on_event: Callable[[Event], None] | None = None, monitor_factory: Callable[[Spec], Monitor] |
-                 None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run"):
+                 None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run", executor=None):
         self.cfg, self.proposer, self.monitor_factory = cfg, proposer, monitor_factory
+        self.executor = executor or make_executor(cfg)
         self.git = GitRepo(repo)
         self.root = self.git.root
         self.tag = check_tag(tag or default_tag())
@@ -126,11 +126,13 @@ class Loop:
         self._open = False
         self._peak_warned: set[str] = set()
         self._status_doc: dict = {}
-        self._status_at = 0.0
         self._status_lock = threading.Lock()
         self.halted: str | None = None  # the harness or data changed under a run: no further run can count
-        self.slot_env: dict[str, str] = {}  # added to train.py's environment (a GPU slot's CUDA_VISIBLE_DEVICES)
-        self._servers: list[evaluate.Server] = []     # evaluator servers of this loop and its slots
+        self._contexts: dict[int, SlotContext] = {}   # slot index -> its tree, environment and evaluator
+        self.flying: dict[int, tuple[dict, str]] = {}  # spec id -> (knobs, description) of proposals in flight
+        self.stopping = threading.Event()              # Ctrl-C: a slot starts no run after this
+        self._propose_lock = threading.Lock()
+        self._hook_lock = threading.Lock()
 
     # ----------------------------------------------------------------------------------- open / close
     def say(self, message: str, kind: str = "info") -> None:
@@ -153,17 +155,41 @@ class Loop:
             self._open_locked()
         except OSError as e:
             self._lock.release()
-            raise _file_error(e) from e
+            raise file_error(e) from e
         except BaseException:
             self._lock.release()
             raise
+        try:
+            self.executor.open(self)
+            if self.cfg.confirm_new_best and len(self.slots) > 1:
+                raise ConfigError("confirm_new_best is not available with several slots yet; set it to false or "
+                                  "run on one slot")
+        except BaseException:
+            self.executor.close()
+            self._lock.release()
+            raise
         self._open = True
+        if self.multi:
+            self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
+                     f"{self.executor.name} executor; a win on a stale parent is "
+                     f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}")
+            self._write_status(slots=[_slot_doc(s) for s in self.slots])
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.executor.slots
+
+    @property
+    def multi(self) -> bool:
+        """Whether status.json shows slots (several, or a separate worktree) rather than one experiment."""
+        return not isinstance(self.executor, InlineExecutor)
 
     def close(self) -> None:
-        for server in self._servers:
-            server.close()
-        self._servers.clear()
+        for ctx in self._contexts.values():
+            ctx.server.close()
+        self._contexts.clear()
         if self._open:
+            self.executor.close()
             self._write_status(state="stopped", experiment=None, step=None)
             self._lock.release()
             self._open = False
@@ -319,50 +345,16 @@ class Loop:
         """Run specs (proposing new ones when the queue is empty and there is a proposer) until a limit."""
         opened_here = not self._open
         self.open()
-        t0, n, kept, failures = time.monotonic(), 0, 0, 0
-        session = f"{now_iso()}-{os.getpid()}"
+        session = session_id()
         old_term = _sigterm_as_interrupt()
+        sched = Scheduler(self, max_experiments, max_hours)
         stop, failed, interrupted = "", False, False
         try:
-            while True:
-                if max_experiments is not None and n >= max_experiments:
-                    raise _Stop(f"reached --max-experiments {max_experiments}")
-                if max_hours is not None and time.monotonic() - t0 >= max_hours * 3600:
-                    raise _Stop(f"reached --max-hours {max_hours:g}")
-                spec = self.queue.next()
-                if spec is None:
-                    if self.proposer is None:
-                        raise _Stop("the queue is empty")
-                    spec = self.queue.add("propose", {"proposer": self.proposer.name})
-                given_up = self.queue.starts(spec.id) >= MAX_STARTS  # recorded without running; the loop goes on
-                try:
-                    row = self.run_one(spec)
-                except OSError as e:  # a full or read-only disk under runs/, most often: stop, say so in one line
-                    raise _file_error(e) from e
-                if row is None:
-                    continue
-                n += 1
-                kept += row.status is Status.KEEP
-                failures = failures + 1 if row.status in FAILURES else 0 if row.status in (
-                    Status.KEEP, Status.DISCARD) else failures
-                if self.halted:
-                    raise _Stop(f"{self.halted}; restore them (reinstall ar, `ar prepare` the data) before running "
-                                "again", failed=True)
-                if row.status is Status.INTERRUPTED and not given_up:
-                    raise _Stop("interrupted; the experiment is recorded as `interrupted`", interrupted=True)
-                if spec.kind == "baseline" and row.status is not Status.KEEP:
-                    raise _Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); fix "
-                                f"train.py or the setup, see {self._exp_dir_of(row)}/train.log", failed=True)
-                if failures >= self.cfg.max_consecutive_crashes:
-                    raise _Stop(f"{failures} crashed, timed-out or rejected experiments in a row "
-                                f"(--max-consecutive-crashes {self.cfg.max_consecutive_crashes}); last: {row.reason}",
-                                failed=True)
-        except _Stop as s:
-            stop, failed, interrupted = str(s), s.failed, s.interrupted
+            stop, failed, interrupted = sched.run()
         finally:
             _restore_sigterm(old_term)
-            self._wind_up(session, stop, n, kept, opened_here)
-        return self._summary(n, kept, stop, failed, interrupted)
+            self._wind_up(session, stop, sched.n, sched.kept, opened_here)
+        return self._summary(sched.n, sched.kept, stop, failed, interrupted)
 
     def _wind_up(self, session: str, stop: str, n: int, kept: int, opened_here: bool) -> None:
         """Say why the loop stopped, fire loop_finished once, and release the repo if this call opened it."""
@@ -382,52 +374,92 @@ class Loop:
         return Summary(self.tag, self.branch, n, kept, self.ledger.best_kept(), stop, self.ledger.path, counts,
                        failed, interrupted)
 
-    def run_one(self, spec: Spec) -> Row | None:
-        """One experiment, start to recorded. None when a propose spec finds nothing left to try."""
+    # ------------------------------------------------------------------- the path of one experiment
+    def start(self, spec: Spec) -> "_Exp":
+        """Step 1 (here): mark the spec started, or record it when it keeps taking ar down with it."""
         for d in self.tag_dir.glob(f"{spec.id:04d}-*"):
             shutil.rmtree(d, ignore_errors=True)
         x = _Exp(spec, parent=self.best_sha, started_at=now_iso(), stage=self.ledger.exp_dir(spec.id, ""))
-        if self.queue.starts(spec.id) >= MAX_STARTS:  # it keeps taking ar down with it: record, do not retry
+        if self.queue.starts(spec.id) >= MAX_STARTS:
             x.description = spec.payload.get("description") or spec.kind
-            return self._record(x, self._row(x, Status.INTERRUPTED, reason=f"ar stopped during this experiment "
-                                                                             f"{MAX_STARTS} times; not run again"))
-        self.queue.start(spec.id)                                                          # 1
+            self.record(x, self.row(x, Status.INTERRUPTED, reason=f"ar stopped during this experiment "
+                                                                  f"{MAX_STARTS} times; not run again"))
+            return x
+        self.queue.start(spec.id)
         faults.point("start")
         self._emit(Event("start", spec.payload.get("description") or "", spec=spec))
-        snap = None
-        try:
-            if spec.kind == "rerun":
-                return self._rerun(x)
-            if spec.kind != "baseline":
-                snap = guards.snapshot(self.git, x.parent, self.tag_dir)
-                self._status_exp(x, "proposing")
-                proposal = self._propose(x)                                                # 2
-                faults.point("propose")
-                if proposal is None:
-                    self.queue.done(spec.id, "skipped")
-                    if self.proposer is not None and spec.kind == "propose":
-                        raise _Stop(f"the {self.proposer.name} proposer has nothing left to try")
-                    return None
-                reason = self._integrity_after_proposal() or (                             # 3
-                    proposal if isinstance(proposal, str) else self._check(x, snap))
-                if reason:
-                    return self._reject(x, snap, reason)
-                x.sha = self.git.commit([*x.changed] or [self.train_file], _message(x, self.tag),   # 4
-                                        allow_empty=not x.changed)
-                faults.point("commit")
-            else:
-                x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
-            return self._train_and_record(x)                                               # 5-9
-        except KeyboardInterrupt:
-            if x.row is not None:  # already recorded (the commit point): stop; a resume finishes the bookkeeping
-                raise _Stop("interrupted after the experiment was recorded", interrupted=True) from None
-            return self._interrupted(x, snap)
+        return x
 
-    # ---------------------------------------------------------------------------------- the steps
-    def _propose(self, x: "_Exp") -> Proposal | str | None:
-        """Edit the working tree for spec x. A str is a reason to reject; None: nothing left to try."""
+    def slot_context(self, slot: Slot) -> "SlotContext":
+        """Where slot `slot` works: its tree (the repo itself for the inline executor), environment, evaluator."""
+        ctx = self._contexts.get(slot.index)
+        if ctx is None:
+            git = self.executor.worktree(self, slot)
+            log = self.tag_dir.parent / ".work" / f"{self.tag}-evaluator-{slot.index}.log"
+            ctx = SlotContext(slot, git, dict(slot.env), evaluate.Server(log, slot.env), separate=git is not self.git)
+            self._contexts[slot.index] = ctx
+        return ctx
+
+    def prepare_and_run(self, ctx: "SlotContext", x: "_Exp") -> Outcome:
+        """Steps 2-6, in the slot (alongside other slots): prepare (propose or apply knobs, guard, commit),
+        then execute and evaluate. Deciding and recording are the scheduler's, in order."""
         spec = x.spec
-        train = self.root / self.train_file
+        if ctx.separate:
+            clean_worktree(ctx.git, x.parent)
+        if spec.kind == "rerun":
+            p = spec.payload
+            x.seed, x.time_budget = p.get("seed"), p.get("time_budget")
+            try:
+                x.sha = ctx.git.resolve(str(p.get("commit")))
+            except GitError:
+                x.description = f"re-run of {p.get('commit')}"
+                return Outcome("missing", f"commit {p.get('commit')} not found")
+            x.description = p.get("description") or f"re-run of {short(x.sha)} with seed {x.seed}"
+            if ctx.separate:
+                clean_worktree(ctx.git, x.sha)
+            else:
+                ctx.git.checkout_paths(x.sha, ["."])  # only allowed paths differ between experiment commits
+            return self._run_committed(ctx, x)
+        if spec.kind == "baseline":
+            x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
+            return self._run_committed(ctx, x)
+        snap = guards.snapshot(ctx.git, x.parent, ctx.guard_dir(self.tag))
+        self.status_exp(ctx, x, "proposing")
+        if spec.payload.get("replay"):
+            proposal = self._replay(ctx, x)
+        else:   # built-in proposers one at a time, each seeing the others' points in flight as tried
+            builtin = self.proposer is not None and self.proposer.name in BUILTIN_PROPOSERS
+            with self._propose_lock if builtin else contextlib.nullcontext():
+                proposal = self._propose(ctx, x)                                           # 2
+                if proposal is not None and not isinstance(proposal, str):
+                    self.flying[spec.id] = (_safe_knobs(ctx.root / self.train_file), x.description)
+        faults.point("propose")
+        if proposal is None:
+            return Outcome("skipped")
+        reason = self._integrity_after_proposal() or (                                     # 3
+            proposal if isinstance(proposal, str) else self._check(ctx, x, snap))
+        if reason or self.stopping.is_set():
+            try:
+                x.stage.mkdir(parents=True, exist_ok=True)
+                (x.stage / "diff.patch").write_text(ctx.git.diff(x.parent)[:DIFF_CAP])
+            except (GitError, OSError):
+                pass
+            guards.restore(ctx.git, snap, ctx.guard_dir(self.tag))
+            return Outcome("rejected", reason) if reason else Outcome("interrupted")
+        x.sha = ctx.git.commit([*x.changed] or [self.train_file], _message(x, self.tag),   # 4
+                               allow_empty=not x.changed)
+        faults.point("commit")
+        return self._run_committed(ctx, x)
+
+    def _run_committed(self, ctx: "SlotContext", x: "_Exp") -> Outcome:
+        if self.stopping.is_set():      # Ctrl-C came while this one was being prepared: do not start its run
+            return Outcome("interrupted")
+        return Outcome("ran", run=self._train_and_classify(ctx, x))
+
+    def _propose(self, ctx: "SlotContext", x: "_Exp") -> Proposal | str | None:
+        """Edit the slot's tree for spec x. A str is a reason to reject; None: nothing left to try."""
+        spec = x.spec
+        train = ctx.root / self.train_file
         before = read_knobs(train)
         if spec.kind == "knobs":
             knobs = spec.payload.get("knobs") or {}
@@ -436,11 +468,11 @@ class Loop:
         elif self.proposer is None:
             return None
         else:
-            ctx = Context(self.root, self.train_file, before, self.ledger.best_kept(), self.ledger.rows(), spec.id,
-                          x.stage, self.tag, self.profile, self._budget(None), self.eval_tokens, self.noise,
-                          list(self.cfg.allowed_paths), self._agent_policy())
+            ctx_ = Context(ctx.root, self.train_file, before, self.ledger.best_kept(), self._rows_in_flight(),
+                           spec.id, x.stage, self.tag, self.profile, self._budget(None), self.eval_tokens, self.noise,
+                           list(self.cfg.allowed_paths), self._agent_policy())
             try:
-                proposal = self.proposer.propose(ctx)
+                proposal = self.proposer.propose(ctx_)
             except ProposalFailed as e:
                 x.description = f"{self.proposer.name} proposal"
                 return str(e)
@@ -453,6 +485,14 @@ class Loop:
             except ConfigError as e:
                 return str(e)
         return proposal
+
+    def _rows_in_flight(self) -> list[Row]:
+        """The ledger as a proposer sees it: every result, then the proposals still in flight in other slots
+        (no val_bpb, reason `in flight`), so that two slots do not try the same point."""
+        extra = [Row(commit="", val_bpb=None, memory_gb=None, status=Status.DISCARD, exp_id=i,
+                     description=f"(in flight) {desc}", knobs=knobs, reason="in flight")
+                 for i, (knobs, desc) in sorted(dict(self.flying).items())]
+        return self.ledger.rows() + extra
 
     def _agent_policy(self) -> dict | None:
         """The agent's sandbox: no reading the dataset (validation text, token bytes) or the private hold-out
@@ -472,47 +512,35 @@ class Loop:
         """The proposer runs outside the sandbox: did it change the installed package or the data?"""
         broken = self.fingerprint.changes()
         if broken:
-            getattr(self, "_main", self).halted = f"the proposal changed what it may not: {broken}"
-            return f"the proposal changed what it may not: {broken}"
+            self.halted = f"the proposal changed what it may not: {broken}"
+            return self.halted
         return None
 
-    def _check(self, x: "_Exp", snap: guards.Snapshot) -> str | None:
-        changed, reason = guards.check_scope(self.git, snap, self.cfg.allowed_paths, self.tag_dir,
+    def _check(self, ctx: "SlotContext", x: "_Exp", snap: guards.Snapshot) -> str | None:
+        changed, reason = guards.check_scope(ctx.git, snap, self.cfg.allowed_paths, ctx.guard_dir(self.tag),
                                              exclude_prefix=x.stage.name + "/")
         x.changed = changed
         if reason:
             return reason
         if not changed and x.spec.kind == "propose":
             return "the proposal changed nothing"
-        return guards.check_files(self.git, x.parent, changed)
+        return guards.check_files(ctx.git, x.parent, changed)
 
-    def _reject(self, x: "_Exp", snap: guards.Snapshot, reason: str) -> Row:
-        try:
-            (x.stage / "diff.patch").write_text(self.git.diff(x.parent)[:DIFF_CAP])
-        except (GitError, OSError):
-            pass
-        guards.restore(self.git, snap, self.tag_dir)
-        row = self._row(x, Status.REJECTED, reason=reason)
-        return self._record(x, row)
-
-    def _rerun(self, x: "_Exp") -> Row:
+    def _replay(self, ctx: "SlotContext", x: "_Exp") -> str:
+        """A stale win again, on top of the new best: apply the same diff; a str when it does not apply."""
         p = x.spec.payload
-        x.seed, x.time_budget = p.get("seed"), p.get("time_budget")
+        x.description = p.get("description") or f"replay of {short(p['replay'])}"
         try:
-            x.sha = self.git.resolve(str(p.get("commit")))
-        except GitError:
-            x.description = f"re-run of {p.get('commit')}"
-            return self._record(x, self._row(x, Status.VALIDATION, reason=f"commit {p.get('commit')} not found"))
-        x.description = p.get("description") or f"re-run of {short(x.sha)} with seed {x.seed}"
-        self.git.checkout_paths(x.sha, ["."])  # only allowed paths differ between experiment commits
-        return self._train_and_record(x)
+            ctx.git._git("cherry-pick", "--no-commit", "--strategy=recursive", "-X", "theirs", p["replay"])
+        except GitError as e:
+            if (ctx.git.git_dir / "CHERRY_PICK_HEAD").exists():
+                ctx.git._git("cherry-pick", "--abort")
+            return f"the change of {short(p['replay'])} does not apply on the new best: {e}"
+        ctx.git._git("reset", "--quiet")          # unstaged, like an agent's edit
+        return x.description
 
-    def _train_and_record(self, x: "_Exp") -> Row:
-        return self._decide_and_record(x, *self._train_and_classify(x))
-
-    def _train_and_classify(self, x: "_Exp"):
-        """Steps 5-6 for a committed experiment: (result, failure status or None, reason, metrics, budget, seed).
-        With several slots this runs in the slot's worktree, alongside other experiments."""
+    def _train_and_classify(self, ctx: "SlotContext", x: "_Exp"):
+        """Steps 5-6 for a committed experiment: (result, failure status or None, reason, metrics, budget, seed)."""
         spec = x.spec
         x.exp_dir = self.ledger.exp_dir(spec.id, x.sha)
         if x.stage.exists() and x.stage != x.exp_dir:
@@ -520,9 +548,9 @@ class Loop:
                 os.replace(f, x.exp_dir / f.name)
             x.stage.rmdir()
         if x.sha != x.parent and spec.kind != "rerun":
-            self.git.keep_ref(self.tag, spec.id, x.sha)
-            (x.exp_dir / "diff.patch").write_text(self.git.diff(x.parent, x.sha)[:DIFF_CAP])
-        x.knobs = _safe_knobs(self.root / self.train_file)
+            ctx.git.keep_ref(self.tag, spec.id, x.sha)
+            (x.exp_dir / "diff.patch").write_text(ctx.git.diff(x.parent, x.sha)[:DIFF_CAP])
+        x.knobs = _safe_knobs(ctx.root / self.train_file)
         budget = self._budget(x.time_budget)
         seed = self.cfg.seed if x.seed is None else int(x.seed)
         _write_json(x.exp_dir / "spec.json", {"id": spec.id, "kind": spec.kind, "payload": spec.payload,
@@ -531,16 +559,40 @@ class Loop:
                                               "profile": self.profile.name, "description": x.description})
         self._fire_event("run_started", spec.id, {"tag": self.tag, "exp_id": spec.id, "commit": short(x.sha),
                                                   "description": x.description, "time_budget": budget})
-        result, stopped_by = self._train(x, budget, seed)                                 # 5
-        status, reason, m = self._classify(x, result, stopped_by, budget)                 # 6
+        result, stopped_by = self.executor.train(self, ctx, x, budget, seed)                 # 5
+        status, reason, m = self._classify(ctx, x, result, stopped_by, budget)               # 6
         return result, status, reason, m, budget, seed
 
-    def _decide_and_record(self, x: "_Exp", result, status: Status | None, reason: str, m, budget: float,
-                           seed: int) -> Row:
-        """Steps 7-9: serial, in dispatch order. The main tree ends at the best kept commit."""
+    # -------------------------------------------------------------------- settling (here, in order)
+    def stale_win(self, x: "_Exp", status: Status | None, m) -> str | None:
+        """Why x would be kept although its parent is no longer the best (another slot's win came first)."""
+        if status is not None or x.spec.kind in ("rerun", "baseline") or x.parent == self.best_sha:
+            return None
+        best = self.ledger.best_kept()
+        d = decide(best.val_bpb if best else None, m.val_bpb, self.noise)
+        return d.reason if d.keep else None
+
+    def record_stale(self, x: "_Exp", m, budget: float, seed: int, why: str) -> Row:
+        """A win on a parent that is no longer the best: recorded `stale`; with rerun, queued on the new best."""
+        x.time_budget, x.seed, x.val_bpb = budget, seed, m.val_bpb
+        reason = f"{why}, but its parent {short(x.parent)} is no longer the best ({short(self.best_sha)} is)"
+        if self.cfg.stale_policy == "rerun":
+            p = x.spec.payload
+            if x.spec.kind == "knobs":
+                again = self.queue.add("knobs", {**p, "replay_of": x.spec.id})
+            else:
+                again = self.queue.add("propose", {"proposer": p.get("proposer"), "replay": x.sha,
+                                                   "replay_of": x.spec.id, "description": x.description})
+            reason += f"; re-run on top of it as experiment {again.id:04d}"
+        else:
+            reason += "; not merged (stale_policy: record)"
+        self.git.reset_hard(self.best_sha)
+        return self.record(x, self.row(x, Status.STALE, m=m, reason=reason))
+
+    def decide_and_record(self, x: "_Exp", result, status: Status | None, reason: str, m, budget: float,
+                          seed: int) -> Row:
+        """Steps 7-9, serial and in dispatch order. The main tree ends at the best kept commit."""
         spec = x.spec
-        if result.stop_reason == STOP_INTERRUPTED:
-            return self._interrupted(x, None, m)
         x.time_budget, x.seed = budget, seed
         x.val_bpb = m.val_bpb if status is None else None
         if spec.kind == "rerun":
@@ -556,12 +608,11 @@ class Loop:
         faults.point("decide")
         if status is Status.KEEP:
             self.best_sha = x.sha
-        self.git.reset_hard(self.best_sha)  # kept on one GPU: HEAD is there already; from a slot: the branch moves
+        self.git.reset_hard(self.best_sha)   # inline: HEAD is there already when kept; from a slot: the branch moves
         faults.point("revert")
-        row = self._row(x, status, m=m, reason=reason)
-        return self._record(x, row)                                                       # 8, 9
+        return self.record(x, self.row(x, status, m=m, reason=reason))                   # 8, 9
 
-    def request(self, x: "_Exp", budget: float, seed: int) -> RunRequest:
+    def request(self, ctx: "SlotContext", x: "_Exp", budget: float, seed: int) -> RunRequest:
         """Step 3: everything this experiment's run needs, in one place."""
         holdout = self.cfg.holdout_tokens if self.cfg.holdout_tokens is not None else self.eval_tokens // 8
         return RunRequest(
@@ -572,19 +623,20 @@ class Loop:
             eval_allowance=self.cfg.eval_allowance,
             untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
                 10 if self.profile.name == "gpu" else 2),
-            max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(self.slot_env))
+            max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env))
 
-    def _train(self, x: "_Exp", budget: float, seed: int):
-        """Steps 4-5: train in a fresh sandboxed workspace on ar's clock, then the trusted evaluator scores the
-        checkpoint. Returns (run result, the status that stopped it early or None)."""
-        req = self.request(x, budget, seed)
+    def train_here(self, ctx: "SlotContext", x: "_Exp", budget: float, seed: int):
+        """Step 5 on this machine (the local executors' train): train in a fresh sandboxed workspace on ar's
+        clock, then the slot's trusted evaluator scores the checkpoint. Returns (run result, the status that
+        stopped it early or None)."""
+        req = self.request(ctx, x, budget, seed)
         watch = (DegradedWatch(min_mfu=self.cfg.min_mfu, min_tokens_per_s=self.cfg.min_tokens_per_s,
                                warmup_steps=self.cfg.degraded_warmup_steps, patience=self.cfg.degraded_patience)
                  if self.cfg.min_mfu is not None or self.cfg.min_tokens_per_s is not None else None)
         monitor = self.monitor_factory(x.spec) if self.monitor_factory and x.spec.kind != "rerun" else None
         stopped_by: list[Status] = []
         x.tail = deque(maxlen=TAIL_LINES)
-        self._status_exp(x, "training", budget=budget)
+        self.status_exp(ctx, x, "training", budget=budget)
 
         def on_line(line: str) -> str | None:
             x.tail.append(line)
@@ -593,7 +645,7 @@ class Loop:
                 return None
             self._emit(Event("step", spec=x.spec, step=p, time_budget=budget))
             faults.point("train")
-            self._status_step(p)
+            self.status_step(ctx, p)
             for status, check in ((Status.DEGRADED, watch and watch.feed), (Status.PRUNED, monitor)):
                 why = check(p) if check else None
                 if why:
@@ -602,22 +654,22 @@ class Loop:
             return None
 
         x.t_run = time.time()
-        scratch = self.root / "runs" / self.tag  # a slot's own copy in its worktree, else the ledger's folder
-        guard = guards.watch_run(self.git, scratch)
+        scratch = ctx.guard_dir(self.tag)  # a slot's own copy in its worktree, else the ledger's folder
+        guard = guards.watch_run(ctx.git, scratch)
 
         def after_run() -> str | None:
-            changed = guards.run_changes(self.git, guard, scratch, x.exp_dir.name)
+            changed = guards.run_changes(ctx.git, guard, scratch, x.exp_dir.name)
             if changed:  # put .git and the records back before anything reads them
-                guards.undo_run_changes(self.git, guard, scratch)
+                guards.undo_run_changes(ctx.git, guard, scratch)
             return changed
 
-        trial = run_trial(req, self.git, work_root=self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
+        trial = run_trial(req, ctx.git, work_root=self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
                           exp_dir=x.exp_dir, manifest=self.fingerprint.eval_files, fingerprint=self.fingerprint,
-                          on_line=on_line, allowance=self.allowance, after_run=after_run, server=self._evaluator())
-        self._take(x, trial)
+                          on_line=on_line, allowance=self.allowance, after_run=after_run, server=ctx.server)
+        self.take(x, trial)
         out = trial.outcome
         if x.verdict.holdout_bpb is not None:
-            self._private(x, x.verdict.holdout_bpb)
+            self.keep_private(x, x.verdict.holdout_bpb)
         result = out.result
         if result.log_truncated:  # the cap dropped the end of the output: keep its last lines (the summary)
             with open(result.log_path, "a", encoding="utf-8", errors="replace") as f:
@@ -625,24 +677,15 @@ class Loop:
                 f.write(f"[ar] the last {len(x.tail)} lines of the output:\n{tail}")
         return result, (stopped_by[0] if stopped_by else None)
 
-    def _evaluator(self) -> evaluate.Server:
-        """This loop's (or this slot's) evaluator server, started on first use, stopped with the loop."""
-        server = self.__dict__.get("_eval_server")
-        if server is None:
-            log = self.tag_dir.parent / ".work" / f"{self.tag}-evaluator-{len(self._servers)}.log"
-            server = self._eval_server = evaluate.Server(log, self.slot_env)
-            self._servers.append(server)
-        return server
-
-    def _take(self, x: "_Exp", trial) -> None:
+    def take(self, x: "_Exp", trial) -> None:
         """A finished trial's facts onto the experiment (here or from a Ray worker)."""
         x.outcome, x.verdict, x.has_checkpoint = trial.outcome, trial.verdict, trial.has_checkpoint
         x.wall = trial.outcome.result.wall_seconds
         x.tampered = trial.tampered
         if trial.integrity:   # cannot be put back: this run is a crash, and the loop stops after recording it
-            getattr(self, "_main", self).halted = trial.tampered
+            self.halted = trial.tampered
 
-    def _private(self, x: "_Exp", holdout: float) -> None:
+    def keep_private(self, x: "_Exp", holdout: float) -> None:
         """The hold-out score: kept where no log, report or prompt shows it."""
         path = self._private_path()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -663,10 +706,10 @@ class Loop:
                  if ln.strip() and json.loads(ln)["commit"].startswith(sha)]
         return found[-1] if found else None
 
-    def _classify(self, x: "_Exp", result, stopped_by: Status | None, budget: float):
+    def _classify(self, ctx: "SlotContext", x: "_Exp", result, stopped_by: Status | None, budget: float):
         """(failure status or None when the run counts, reason, metrics). Only ar's clock and the trusted
         evaluator's record decide; what the run printed is shown, never believed."""
-        self._status_exp(x, "measuring", budget=budget)
+        self.status_exp(ctx, x, "measuring", budget=budget)
         m = parse_log_file(result.log_path)
         faults.point("parse")
         out, verdict = x.outcome, x.verdict
@@ -713,8 +756,9 @@ class Loop:
         for n in names:  # the first run's files keep their names; the confirmation's get a -confirm suffix
             os.replace(x.exp_dir / n, x.exp_dir / f"first-{n}")
         mfu = x.mfu
-        result, _ = self._train(x, budget, seed + 1)
-        status, why, m = self._classify(x, result, None, budget)
+        ctx = self.slot_context(self.slots[0])      # one slot only (checked at open): nothing else runs now
+        result, _ = self.executor.train(self, ctx, x, budget, seed + 1)
+        status, why, m = self._classify(ctx, x, result, None, budget)
         x.mfu = mfu
         for n in names:
             stem, ext = n.split(".")
@@ -728,13 +772,11 @@ class Loop:
         return (Status.KEEP if d.keep else Status.DISCARD), (f"confirmed by a re-run with seed {seed + 1} "
                                                              f"({m.val_bpb:.6f}): mean {d.reason}")
 
-    def _interrupted(self, x: "_Exp", snap: guards.Snapshot | None, m=None) -> Row:
-        if snap is not None:
-            guards.restore(self.git, snap, self.tag_dir)
+    def interrupted(self, x: "_Exp", m=None) -> Row:
         self.git.reset_hard(self.best_sha)
-        return self._record(x, self._row(x, Status.INTERRUPTED, m=m, reason="interrupted (Ctrl-C or SIGTERM)"))
+        return self.record(x, self.row(x, Status.INTERRUPTED, m=m, reason="interrupted (Ctrl-C or SIGTERM)"))
 
-    def _record(self, x: "_Exp", row: Row) -> Row:
+    def record(self, x: "_Exp", row: Row) -> Row:
         self.ledger.append(row)                                                           # 8
         faults.point("recorded")
         x.row = row
@@ -774,7 +816,7 @@ class Loop:
             self.say(peak.warning, "warn")
         return recompute_mfu(m, peak)
 
-    def _row(self, x: "_Exp", status: Status, *, m=None, reason: str = "") -> Row:
+    def row(self, x: "_Exp", status: Status, *, m=None, reason: str = "") -> Row:
         if not self.sandboxed:
             reason = f"unsandboxed; {reason}" if reason else "unsandboxed"
         return Row(commit=short(x.sha) if x.sha else "", val_bpb=x.val_bpb,
@@ -786,7 +828,7 @@ class Loop:
                    time_budget=x.time_budget if x.sha else None, seed=x.seed if x.sha else None,
                    knobs=x.knobs, reason=reason, started_at=x.started_at)
 
-    def _exp_dir_of(self, row: Row) -> Path:
+    def exp_dir_of(self, row: Row) -> Path:
         return self.tag_dir / f"{row.exp_id:04d}-{row.commit or 'none'}"
 
     def _fire(self, row: Row) -> None:
@@ -804,25 +846,48 @@ class Loop:
 
     def _fire_event(self, event: str, exp_id, payload: dict) -> None:
         if self.cfg.hooks.get(event):
-            self.hooks.fire(event, str(exp_id), payload)
+            with self._hook_lock:   # run_started fires from the slots
+                self.hooks.fire(event, str(exp_id), payload)
 
     # ------------------------------------------------------------------------------------ status.json
-    def _status_exp(self, x: "_Exp", phase: str, budget: float | None = None) -> None:
-        self._write_status(experiment={"id": x.spec.id, "kind": x.spec.kind, "phase": phase,
-                                       "description": x.description, "commit": short(x.sha) if x.sha else "",
-                                       "started_at": x.started_at, "time_budget": budget}, step=None)
+    def status_exp(self, ctx: "SlotContext", x: "_Exp", phase: str, budget: float | None = None) -> None:
+        doc = {"id": x.spec.id, "kind": x.spec.kind, "phase": phase, "description": x.description,
+               "commit": short(x.sha) if x.sha else "", "started_at": x.started_at, "time_budget": budget}
+        if self.multi:
+            self.status_slot(ctx.slot, experiment=doc, step=None)
+        else:
+            self._write_status(experiment=doc, step=None)
 
-    def _status_step(self, p: StepPoint) -> None:
+    def status_step(self, ctx: "SlotContext", p: StepPoint, node: str | None = None) -> None:
         now = time.monotonic()
-        if now - self._status_at >= 0.5:
+        if now - ctx.status_at < 0.5:
+            return
+        ctx.status_at = now
+        if self.multi:
+            self.status_slot(ctx.slot, step=p.__dict__, node=node)
+        else:
             self._write_status(step=p.__dict__)
+
+    def status_idle(self, slot: Slot) -> None:
+        if self.multi:
+            self.status_slot(slot, experiment=None, step=None)
+
+    def status_slot(self, slot: Slot, node: str | None = None, **changes) -> None:
+        """Update one slot's entry (its experiment, its step, the node it runs on)."""
+        with self._status_lock:
+            slots = list(self._status_doc.get("slots") or [_slot_doc(s) for s in self.slots])
+            doc = dict(slots[slot.index])
+            doc.update(changes)
+            if node:
+                doc["node"] = node
+            slots[slot.index] = doc
+            self._write_status_locked({"slots": slots})
 
     def _write_status(self, **changes) -> None:
         with self._status_lock:
             self._write_status_locked(changes)
 
     def _write_status_locked(self, changes: dict) -> None:
-        self._status_at = time.monotonic()
         doc = self._status_doc
         if not doc:
             doc.update(tag=self.tag, branch=self.branch, pid=os.getpid(), host=socket.gethostname(),
@@ -836,6 +901,32 @@ class Loop:
             _write_json(self.tag_dir / "status.json", doc)
         except OSError:
             pass  # the live view is best-effort; the ledger is what counts
+
+
+@dataclass
+class SlotContext:
+    """Where one slot works: its tree (the repo itself, or a worktree of its own), the environment its runs
+    get (CUDA_VISIBLE_DEVICES), its trusted evaluator server."""
+
+    slot: Slot
+    git: GitRepo
+    env: dict[str, str]
+    server: evaluate.Server
+    separate: bool                   # a worktree of its own (reset before each experiment)
+    status_at: float = 0.0
+
+    @property
+    def root(self) -> Path:
+        return self.git.root
+
+    def guard_dir(self, tag: str) -> Path:
+        """runs/<tag> in this slot's tree: what the guards watch (a worktree's own, not the ledger's)."""
+        return self.root / "runs" / tag
+
+
+def _slot_doc(slot: Slot) -> dict:
+    return {"slot": slot.index, "label": slot.label, "gpu": slot.gpu, "kind": slot.kind, "experiment": None,
+            "step": None}
 
 
 @dataclass
@@ -874,12 +965,6 @@ def _safe_knobs(path: Path) -> dict:
         return read_knobs(path)
     except (ArError, OSError):
         return {}
-
-
-def _file_error(e: OSError) -> ArError:
-    where = f" ({e.filename})" if e.filename else ""
-    return ArError(f"ar stopped: {e.strerror or e}{where}; free disk space or fix permissions, then run again "
-                   "(nothing recorded is lost; a cut-short experiment runs again)")
 
 
 def _write_json(path: Path, doc: dict) -> None:

@@ -45,8 +45,7 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     proposer = make_proposer(cfg)
     if cfg.proposer is None and proposer.name == "strategy":
         say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
-    from .parallel import make_loop  # a ParallelLoop when the config names GPU slots or Ray
-    loop = make_loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
+    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.profile == "auto":
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
         say(f"{what}: {loop.profile.name} profile ({loop._budget(None):g}s budget, {loop.eval_tokens} eval tokens)")

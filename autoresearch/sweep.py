@@ -229,8 +229,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
 
     def loop(budget: float | None = None) -> Loop:
         c = cfg if budget is None else config.replace(cfg, time_budget=budget)
-        from .parallel import make_loop  # several slots when the run config names them (--gpus)
-        return make_loop(c, p.repo, p.tag, None, on_event=on_event, monitor_factory=monitor, baseline=False,
+        return Loop(c, p.repo, p.tag, None, on_event=on_event, monitor_factory=monitor, baseline=False,
                          command=command)
 
     def drain(open_loop: Loop | None = None) -> bool:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.ledger import read_results
 from autoresearch.session import read_status
-from autoresearch.parallel import ParallelLoop
+from autoresearch.loop import Loop as ParallelLoop
 
 from test_loop import assert_consistent, cfg, make_repo
 

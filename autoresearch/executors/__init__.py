@@ -5,8 +5,10 @@ A slot runs one experiment at a time. `parse_gpus` turns `--gpus` into slots:
     "all"   every GPU nvidia-smi lists
     "cpu:N" N slots without a GPU (CUDA_VISIBLE_DEVICES empty): tests, CPU-only machines, the cpu profile
     "ray:N" (Ray only) N experiments in flight on the cluster
-An executor takes a prepared experiment (committed in a slot's worktree) and returns its run; the loop in
-parallel.py keeps the queue, the decisions, results.tsv and the hooks.
+An executor says where a slot works and where its run happens: `worktree(loop, slot)` gives the slot's tree,
+`train(loop, ctx, x, budget, seed)` runs one committed experiment and returns (run result, early-stop status);
+`open(loop)`/`close()` take and give back what it holds. The scheduler keeps the queue, the decisions,
+results.tsv and the hooks.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..errors import ConfigError, GpuError
 class Slot:
     index: int
     gpu: int | None          # the GPU index on this machine; None for a CPU or Ray slot
-    kind: str = "gpu"        # gpu | cpu | ray
+    kind: str = "gpu"        # gpu | cpu | ray | inline (the repo itself, the GPUs the process sees)
 
     @property
     def label(self) -> str:
@@ -32,7 +34,7 @@ class Slot:
     @property
     def env(self) -> dict[str, str]:
         """What train.py's environment gets: the slot's GPU, and nothing else visible."""
-        if self.kind == "ray":
+        if self.kind in ("ray", "inline"):
             return {}
         return {"CUDA_VISIBLE_DEVICES": "" if self.gpu is None else str(self.gpu)}
 

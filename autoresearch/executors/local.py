@@ -1,4 +1,6 @@
-"""Slots on this machine: one git worktree per slot, CUDA_VISIBLE_DEVICES pinned, one lock per GPU.
+"""Slots on this machine. `InlineExecutor`: one slot, the repository itself (the default: one experiment at
+a time on the GPU the process sees). `LocalExecutor`: one git worktree per slot, CUDA_VISIBLE_DEVICES
+pinned, one lock per GPU.
 
 Each slot's worktree is runs/<tag>/worktrees/slot-<i> (ignored with runs/), on a detached HEAD; it shares
 the repository's objects and refs, so a commit made there is the commit the main branch moves to when it is
@@ -15,6 +17,27 @@ from ..gitops import GitRepo
 from ..harness.env import default_cache
 from ..lock import RepoLock, gpu_lock_path
 from . import Slot
+
+
+class InlineExecutor:
+    """One slot working in the repository itself."""
+
+    name = "inline"
+
+    def __init__(self):
+        self.slots = [Slot(0, None, "inline")]
+
+    def open(self, loop) -> None:
+        pass
+
+    def worktree(self, loop, slot: Slot) -> GitRepo:
+        return loop.git
+
+    def train(self, loop, ctx, x, budget: float, seed: int):
+        return loop.train_here(ctx, x, budget, seed)
+
+    def close(self) -> None:
+        pass
 
 
 class LocalExecutor:
@@ -54,8 +77,8 @@ class LocalExecutor:
         loop.git._git("worktree", "add", "--quiet", "--detach", str(path), loop.best_sha)
         return GitRepo(path)
 
-    def prepare_view(self, view) -> None:
-        """Hook for executors that run elsewhere (Ray swaps the view's _train); local runs in place."""
+    def train(self, loop, ctx, x, budget: float, seed: int):
+        return loop.train_here(ctx, x, budget, seed)
 
     def close(self) -> None:
         for lock in reversed(self._locks):

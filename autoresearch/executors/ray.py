@@ -163,9 +163,6 @@ class RayExecutor:
     def worktree(self, loop, slot: Slot):
         return self._local.worktree(loop, slot)
 
-    def prepare_view(self, view) -> None:
-        view._train = lambda x, budget, seed, _v=view: self.train(_v, x, budget, seed)
-
     def close(self) -> None:
         self._running.clear()
 
@@ -190,22 +187,22 @@ class RayExecutor:
                 git._git("update-ref", "-d", ref)
             return (Path(d) / "b").read_bytes()
 
-    def train(self, view, x, budget: float, seed: int):
-        """Loop._train on the cluster: the same trial on a worker; its files land in x.exp_dir."""
+    def train(self, loop, ctx, x, budget: float, seed: int):
+        """Loop.train_here on the cluster: the same trial on a worker; its files land in x.exp_dir."""
         ray = _ray()
-        req = view.request(x, budget, seed)
+        req = loop.request(ctx, x, budget, seed)
         try:
-            bundle = ray.put(self._bundle(view.git, x.sha, x.spec.id))
+            bundle = ray.put(self._bundle(ctx.git, x.sha, x.spec.id))
         except GitError as e:
             return self._failed(x, f"could not bundle {short(x.sha)}: {e}"), None
-        view._status_exp(x, "training", budget=budget)
+        loop.status_exp(ctx, x, "training", budget=budget)
         x.t_run = 0.0
         for attempt in range(1, MAX_LOSSES + 1):
-            ref = self._remote.remote(bundle, req, view.fingerprint.eval_files, view.allowance)
+            ref = self._remote.remote(bundle, req, loop.fingerprint.eval_files, loop.allowance)
             with self._lock:
-                self._running[view._slot.index] = ref
+                self._running[ctx.slot.index] = ref
             try:
-                out = self._follow(view, x, ref, budget)
+                out = self._follow(loop, ctx, x, ref, budget)
                 break
             except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError,
                     ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError, ray.exceptions.RayTaskError) as e:
@@ -216,11 +213,11 @@ class RayExecutor:
                     cause = getattr(e, "cause", None)
                     why = f"{type(cause).__name__}: {cause}" if cause is not None else str(e).strip().splitlines()[-1]
                     return self._failed(x, f"the Ray task failed: {why}"), None
-                view.say(f"experiment {x.spec.id:04d}: its Ray worker was lost ({type(e).__name__}); "
+                loop.say(f"experiment {x.spec.id:04d}: its Ray worker was lost ({type(e).__name__}); "
                          f"sent to the cluster again ({attempt}/{MAX_LOSSES})", "warn")
             finally:
                 with self._lock:
-                    self._running.pop(view._slot.index, None)
+                    self._running.pop(ctx.slot.index, None)
         else:
             return self._failed(x, f"its Ray worker was lost {MAX_LOSSES} times; not sent again"), None
         if "failed" in out:
@@ -233,14 +230,14 @@ class RayExecutor:
             f.write(f"[ar] ran on Ray node {out['node']}\n".encode())
         trial = out["trial"]
         trial.outcome.result.log_path = log
-        view._take(x, trial)
+        loop.take(x, trial)
         if trial.verdict.holdout_bpb is not None:
-            view._private(x, trial.verdict.holdout_bpb)
-        view._status_slot(view._slot, None, None, keep_experiment=True, node=out["node"])
+            loop.keep_private(x, trial.verdict.holdout_bpb)
+        loop.status_slot(ctx.slot, node=out["node"])
         return trial.outcome.result, None
 
     @staticmethod
-    def _follow(view, x, gen, budget: float) -> dict:
+    def _follow(loop, ctx, x, gen, budget: float) -> dict:
         """Read a task's stream: step lines to the live view and status.json, then its final result."""
         from ..loop import Event
         ray = _ray()
@@ -250,8 +247,8 @@ class RayExecutor:
                 return item["final"]
             p = parse_step(item["step"])
             if p is not None:
-                view._emit(Event("step", spec=x.spec, step=p, time_budget=budget))
-                view._status_slot(view._slot, None, p.__dict__, keep_experiment=True, node=item["node"])
+                loop._emit(Event("step", spec=x.spec, step=p, time_budget=budget))
+                loop.status_step(ctx, p, node=item["node"])
         raise RuntimeError("the Ray task ended without a result")
 
     @staticmethod

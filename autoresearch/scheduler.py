@@ -1,0 +1,250 @@
+"""The scheduler: N slots in flight (one GPU is N = 1), dispatch in queue order, settle in dispatch order.
+
+Every experiment, whatever runs it, takes the same path (docs/architecture.md):
+  in its slot, in parallel:   prepare (propose or apply knobs, guard, commit) → execute → evaluate
+  here, one at a time:        settle (decide against the best *now*, reset, record, hooks)
+A result that finishes early waits for the ones dispatched before it, so results.tsv is one file in
+decision order. A baseline runs alone: nothing is dispatched before it is decided. A win whose parent is no
+longer the best (another slot's win was settled first) is not merged: with `stale_policy: rerun` (default)
+it is recorded `stale` and queued again on top of the new best (the same knobs, or the same diff); with
+`record` it is only recorded `stale`. With one slot the parent is always the best, so nothing is stale.
+
+Executors (executors/) say where a slot's process runs; they import nothing from here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import psutil
+
+from .config import RunConfig
+from .errors import ArError, ConfigError
+from .executors import Slot, parse_gpus
+from .ledger import Row, Status, now_iso
+from .runner import STOP_INTERRUPTED
+
+
+def make_executor(cfg: RunConfig):
+    """The executor for cfg.gpus / cfg.executor: the repo itself when neither names slots."""
+    if cfg.executor == "ray":
+        from .executors.ray import RayExecutor
+        return RayExecutor(cfg)
+    from .executors.local import InlineExecutor, LocalExecutor
+    if not cfg.gpus:
+        return InlineExecutor()
+    slots = parse_gpus(cfg.gpus)
+    if any(s.kind == "ray" for s in slots):
+        raise ConfigError("--gpus ray:N needs --executor ray")
+    return LocalExecutor(slots)
+
+
+@dataclass
+class Flight:
+    """One dispatched experiment: its slot, its future (the slot's outcome), and when that finished."""
+
+    x: object               # loop._Exp
+    slot: Slot
+    future: cf.Future
+    finished_at: float = 0.0
+
+
+@dataclass
+class Outcome:
+    """What a slot hands back for settling: ran (with its run), rejected, missing (commit gone), skipped (the
+    proposer had nothing) or interrupted (a stop came before its run started)."""
+
+    kind: str
+    reason: str = ""
+    run: tuple = field(default_factory=tuple)    # (result, failure status or None, reason, metrics, budget, seed)
+
+
+class Stop(Exception):
+    """The loop ends here, for the given reason (said as one line)."""
+
+    def __init__(self, reason: str, *, failed: bool = False, interrupted: bool = False):
+        super().__init__(reason)
+        self.failed, self.interrupted = failed, interrupted
+
+
+class Scheduler:
+    """Runs a Loop's queue on its executor's slots until a limit; the stop rules live here, once."""
+
+    def __init__(self, loop, max_experiments: int | None, max_hours: float | None):
+        self.loop, self.max_experiments, self.max_hours = loop, max_experiments, max_hours
+        self.flights: deque[Flight] = deque()
+        self.free = list(loop.slots)
+        self.n = self.kept = self.failures = 0
+        self.t0 = time.monotonic()
+        self.interrupted_at = 0.0
+
+    def run(self) -> tuple[str, bool, bool]:
+        """(why it stopped, failed, interrupted)."""
+        lp = self.loop
+        no_more = ""   # why nothing more is dispatched (a limit, an empty queue); the loop ends when flights drain
+        with cf.ThreadPoolExecutor(max_workers=len(lp.slots), thread_name_prefix="ar-slot") as pool:
+            try:
+                try:
+                    while True:
+                        if not no_more:
+                            no_more = self._dispatch(pool)
+                        if not self.flights:
+                            raise Stop(no_more or "the queue is empty")
+                        self._wait()
+                        while self.flights and self.flights[0].future.done():
+                            f = self.flights.popleft()
+                            row = self._settle(f)
+                            if row is None:
+                                if f.x.spec.kind == "propose" and lp.proposer is not None:
+                                    no_more = f"the {lp.proposer.name} proposer has nothing left to try"
+                                continue
+                            self._count(f, row)
+                except KeyboardInterrupt:
+                    self._interrupt()
+                    raise Stop("interrupted; the experiments in flight are recorded as `interrupted`",
+                               interrupted=True) from None
+                except OSError as e:   # a full or read-only disk under runs/, most often
+                    self._interrupt()
+                    self._drain()
+                    raise file_error(e) from e
+            except Stop as s:
+                if self.flights:
+                    if not s.interrupted:
+                        lp.say(f"stopping: {s}; finishing the {len(self.flights)} experiment(s) in flight")
+                    self._drain()
+                return str(s), s.failed, s.interrupted
+
+    def _count(self, f: Flight, row: Row) -> None:
+        """Tally one recorded row and apply the stop rules."""
+        lp = self.loop
+        self.n += 1
+        self.kept += row.status is Status.KEEP
+        if row.status in (Status.CRASH, Status.TIMEOUT, Status.REJECTED):
+            self.failures += 1
+        elif row.status in (Status.KEEP, Status.DISCARD):
+            self.failures = 0
+        if lp.halted:
+            raise Stop(f"{lp.halted}; restore them (reinstall ar, `ar prepare` the data) before running again",
+                       failed=True)
+        if f.x.spec.kind == "baseline" and row.status is not Status.KEEP:
+            raise Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); fix train.py or the "
+                       f"setup, see {lp.exp_dir_of(row)}/train.log", failed=True)
+        if self.failures >= lp.cfg.max_consecutive_crashes:
+            raise Stop(f"{self.failures} crashed, timed-out or rejected experiments in a row "
+                       f"(--max-consecutive-crashes {lp.cfg.max_consecutive_crashes}); last: {row.reason}", failed=True)
+
+    def _dispatch(self, pool) -> str:
+        """Fill the free slots from the queue (proposing when it is empty); a reason when nothing more will go."""
+        lp = self.loop
+        while self.free:
+            if self.max_experiments is not None and self.n + len(self.flights) >= self.max_experiments:
+                return f"reached --max-experiments {self.max_experiments}"
+            if self.max_hours is not None and time.monotonic() - self.t0 >= self.max_hours * 3600:
+                return f"reached --max-hours {self.max_hours:g}"
+            if self.flights and self.flights[0].x.spec.kind == "baseline":
+                return ""       # everything else starts from the baseline's result
+            flying = {f.x.spec.id for f in self.flights}
+            spec = next((s for s in lp.queue.pending() if s.id not in flying), None)
+            if spec is None:
+                if lp.proposer is None:
+                    return "" if self.flights else "the queue is empty"
+                spec = lp.queue.add("propose", {"proposer": lp.proposer.name})
+            if spec.kind == "baseline" and self.flights:
+                return ""
+            x = lp.start(spec)
+            if x.row is not None:          # recorded without running (started too often)
+                self.n += 1
+                continue
+            slot = self.free.pop(0)
+            ctx = lp.slot_context(slot)
+            flight = Flight(x, slot, pool.submit(lp.prepare_and_run, ctx, x))
+            flight.future.add_done_callback(lambda _f, fl=flight: setattr(fl, "finished_at", time.time()))
+            self.flights.append(flight)
+            lp.status_exp(ctx, x, "proposing")
+        return ""
+
+    def _wait(self) -> None:
+        """Wait until the oldest experiment is done (or any, to refill its slot); free the slots of finished runs."""
+        pending = [f.future for f in self.flights if not f.future.done()]
+        if pending and not self.flights[0].future.done():
+            cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+        for f in self.flights:
+            if f.future.done() and f.slot not in self.free and not any(
+                    g.slot == f.slot and not g.future.done() for g in self.flights):
+                self.free.append(f.slot)
+                self.free.sort(key=lambda s: s.index)
+                self.loop.status_idle(f.slot)
+
+    def _settle(self, f: Flight) -> Row | None:
+        """Decide and record one finished experiment (None: nothing was recorded, the proposer had nothing)."""
+        lp, x = self.loop, f.x
+        lp.flying.pop(x.spec.id, None)
+        try:
+            out: Outcome = f.future.result()
+        except Exception as e:  # a bug or an environment failure in the slot: record it, keep the loop going
+            if isinstance(e, OSError):
+                raise file_error(e) from e
+            lp.git.reset_hard(lp.best_sha)
+            return lp.record(x, lp.row(x, Status.CRASH, reason=f"the slot failed: {type(e).__name__}: {e}"))
+        ran = out.run if out.kind == "ran" else None
+        try:
+            if out.kind == "interrupted" or (self.interrupted_at and f.finished_at >= self.interrupted_at) or (
+                    ran and ran[0].stop_reason == STOP_INTERRUPTED):
+                if ran:
+                    x.time_budget, x.seed = ran[4], ran[5]
+                return lp.interrupted(x, ran[3] if ran else None)
+            if out.kind == "skipped":
+                lp.queue.done(x.spec.id, "skipped")
+                return None
+            if out.kind == "missing":
+                return lp.record(x, lp.row(x, Status.VALIDATION, reason=out.reason))
+            if out.kind == "rejected":
+                return lp.record(x, lp.row(x, Status.REJECTED, reason=out.reason))
+            result, status, reason, m, budget, seed = ran
+            stale = lp.stale_win(x, status, m)
+            if stale:
+                return lp.record_stale(x, m, budget, seed, stale)
+            return lp.decide_and_record(x, result, status, reason, m, budget, seed)
+        except OSError as e:   # a full or read-only disk under runs/, most often: stop, say so in one line
+            raise file_error(e) from e
+
+    def _drain(self) -> None:
+        """Record what is still in flight, in order (after a stop or Ctrl-C)."""
+        while self.flights:
+            f = self.flights.popleft()
+            try:
+                cf.wait([f.future])
+            except KeyboardInterrupt:
+                self._interrupt()
+                cf.wait([f.future])
+            if self._settle(f) is not None:
+                self.n += 1
+
+    def _interrupt(self) -> None:
+        """Ctrl-C: stop every run and agent in flight (their whole process trees); they record as interrupted."""
+        self.interrupted_at = self.interrupted_at or time.time()
+        self.loop.stopping.set()
+        stop = getattr(self.loop.executor, "interrupt", None)
+        if stop is not None:
+            stop()
+            return
+        for p in psutil.Process().children(recursive=True):
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+
+
+def session_id() -> str:
+    return f"{now_iso()}-{os.getpid()}"
+
+
+def file_error(e: OSError) -> ArError:
+    """A failed write under runs/ (a full or read-only disk, most often) as one line that says what to do."""
+    where = f" ({e.filename})" if e.filename else ""
+    return ArError(f"ar stopped: {e.strerror or e}{where}; free disk space or fix permissions, then run again "
+                   "(nothing recorded is lost; a cut-short experiment runs again)")
