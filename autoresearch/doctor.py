@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -124,13 +125,59 @@ def check_kernels(capability: tuple[int, int], arch_list, cuda_build: str | None
 
 
 def check_peak(device_name: str, lookup: Callable[[str], gpus.Peak] = gpus.lookup) -> Check:
-    peak = lookup(device_name)
+    try:
+        peak = lookup(device_name)
+    except ValueError:  # a broken override file: the gpu table line names it
+        return Check("peak", WARN, "unknown: the GPU table does not load", "see the gpu table line")
     if peak.tflops is not None:
         where = f"table row {peak.row!r}" if peak.row else peak.source
         return Check("peak", OK, f"{peak.tflops:g} TFLOP/s dense BF16 ({where})")
-    return Check("peak", WARN, "unknown: MFU will read 'unknown'",
-                 "add a row (name, match, tflops) to a YAML file named by AR_GPU_TABLE (or to configs/gpus.yaml "
-                 "in a clone), or set AR_PEAK_TFLOPS")
+    return Check("peak", WARN, "unknown: MFU will read 'unknown'", f"{gpus.HOW_TO_ADD}, or set AR_PEAK_TFLOPS")
+
+
+def check_gpu_table(read_override: Callable[[], gpus.Override | None] = gpus.read_override) -> Check:
+    """Which override file of the peak table is in use, if any; a broken one is one line with its fix."""
+    try:
+        own = read_override()
+    except ValueError as e:
+        return Check("gpu table", FAIL, str(e))
+    if own is None:
+        return Check("gpu table", OK, f"the packaged table; no override file (AR_GPUS_FILE unset, no "
+                                      f"{gpus.USER_TABLE})")
+    how = "" if own.origin == "default" else f", from {own.origin}"
+    return Check("gpu table", OK, f"the packaged table with {len(own.rows)} row(s) from {own.path}{how}")
+
+
+AR_SCRIPT_MARK = b"autoresearch.cli"  # what pip's console script for ar imports
+
+
+def ar_version_line(path: str, timeout: float = 30) -> str:
+    """First line of `PATH --version` (a shim such as pyenv's runs the real ar behind it)."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"did not answer --version ({type(e).__name__})"
+    return ((out.stdout or out.stderr).strip().splitlines() or [""])[0]
+
+
+def check_command(which: Callable[[str], str | None] = shutil.which,
+                  version_line: Callable[[str], str] = ar_version_line) -> Check:
+    """Is the first `ar` on PATH this tool? binutils installs an `ar` (the archiver) in /usr/bin."""
+    found = which("ar")
+    if found is None:
+        return Check("ar on PATH", WARN, "no `ar` on PATH", "use `autoresearch` (the same commands) or "
+                     f"`python -m autoresearch`, or add {Path(sys.executable).parent} to PATH")
+    try:
+        with open(os.path.realpath(found), "rb") as f:
+            ours = AR_SCRIPT_MARK in f.read(4096)
+    except OSError:
+        ours = False
+    line = "" if ours else version_line(found)
+    if ours or re.fullmatch(r"ar \S+", line):
+        return Check("ar on PATH", OK, found)
+    return Check("ar on PATH", WARN, f"the first `ar` on PATH is {found} ({line[:60] or 'no version'}), "
+                 "not this tool", "run `autoresearch` instead: the same commands under a name nothing else uses")
 
 
 SDPA_NAMES = ("cudnn", "flash", "efficient", "math")
@@ -317,7 +364,8 @@ def run_checks(repo: Path, *, dataset: str = "builtin", agent: str | None = None
                cache: Path | None = None, facts: TorchFacts | None = None, sdpa: Callable = sdpa_probe,
                compile_test: Callable = compile_probe, data_checker: Callable | None | str = "import",
                which: Callable = shutil.which, disk_usage: Callable | None = None,
-               lookup: Callable = gpus.lookup) -> list[Check]:
+               lookup: Callable = gpus.lookup, read_override: Callable = gpus.read_override,
+               version_line: Callable = ar_version_line) -> list[Check]:
     """Every check, in order; the GPU ones only when a GPU is visible."""
     repo, cache = Path(repo).resolve(), Path(cache or default_cache())
     facts = facts or torch_facts()
@@ -332,8 +380,9 @@ def run_checks(repo: Path, *, dataset: str = "builtin", agent: str | None = None
     gpu = facts.gpu is not None
     vocab = resolve_profile(profile if profile not in (None, "auto") else ("gpu" if gpu else "cpu")).vocab_size
     checker = _data_checker() if data_checker == "import" else data_checker
-    checks += [check_data(cache, dataset, vocab, checker), check_train(repo), check_repo(repo),
-               check_disk(cache, disk_usage), check_agent(agent, which)]
+    checks += [check_gpu_table(read_override), check_data(cache, dataset, vocab, checker), check_train(repo),
+               check_repo(repo), check_disk(cache, disk_usage), check_agent(agent, which),
+               check_command(which, version_line)]
     return checks
 
 
@@ -341,19 +390,32 @@ def blocking(checks: list[Check]) -> bool:
     return any(c.state == FAIL for c in checks)
 
 
-def raise_if_blocking(checks: list[Check], probe: ProbeReport | None = None) -> None:
+def blocking_message(checks: list[Check], probe: ProbeReport | None = None) -> str | None:
+    """Why a run would not work (a failed check, or a probe that found no correct path), or None."""
     failed = [c.name for c in checks if c.state == FAIL]
     if failed:
-        raise ArError(f"{len(failed)} check(s) failed ({', '.join(failed)}): fix the ✗ lines before `ar run`")
+        return f"{len(failed)} check(s) failed ({', '.join(failed)}): fix the ✗ lines before `ar run`"
     if probe is not None and probe.choice is None:
-        raise ArError("the probe found no path that runs correctly; see its table; train.py keeps its defaults")
+        return "the probe found no path that runs correctly; see its table; train.py keeps its defaults"
+    return None
+
+
+def raise_if_blocking(checks: list[Check], probe: ProbeReport | None = None) -> None:
+    message = blocking_message(checks, probe)
+    if message:
+        raise ArError(message)
 
 
 NO_GPU = "the probe needs a CUDA GPU; nothing to measure here (CPU runs use fixed settings)"
 
 
 def as_json(checks: list[Check], probed: bool = False, probe: ProbeReport | None = None) -> dict:
+    """The checklist as one JSON-ready dict; when a run would not work, also `error` and `exit_code` (1), the
+    keys every `--json` error has."""
     doc = {"ok": not blocking(checks), "checks": [asdict(c) for c in checks]}
     if probed:
         doc["probe"] = probe.as_dict() if probe is not None else {"skipped": NO_GPU}
+    message = blocking_message(checks, probe)
+    if message:
+        doc.update(error=message, exit_code=ArError.exit_code)
     return doc

@@ -2,9 +2,11 @@
 choice and budget with injected timings and losses (no GPU needed)."""
 
 import json
+import sysconfig
 import textwrap
 from collections import namedtuple
 from dataclasses import replace
+from pathlib import Path
 
 import git
 import pytest
@@ -26,7 +28,8 @@ CPU_FACTS = dr.TorchFacts("2.6.0+cpu", None, False, None, ())
 @pytest.fixture(autouse=True)
 def isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AR_CACHE", str(tmp_path_factory.mktemp("cache")))
-    for var in ("AR_PEAK_TFLOPS", "AR_GPU_TABLE", "AR_PROFILE", "AR_DATASET"):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))  # no ~/.config/ar/gpus.yaml of the user's
+    for var in ("AR_PEAK_TFLOPS", "AR_GPU_TABLE", "AR_GPUS_FILE", "AR_PROFILE", "AR_DATASET"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -87,6 +90,60 @@ def test_peak_known_and_unknown():
     assert dr.check_peak("NVIDIA H200").state == dr.OK
     c = dr.check_peak("Imaginary GPU 9000")
     assert c.state == dr.WARN and "gpus.yaml" in c.fix and "AR_PEAK_TFLOPS" in c.fix
+
+
+def test_peak_with_a_broken_override_file_is_a_warning(tmp_path, monkeypatch):
+    (tmp_path / "gpus.yaml").write_text("- {name: X\n")
+    monkeypatch.setenv("AR_GPUS_FILE", str(tmp_path / "gpus.yaml"))
+    c = dr.check_peak("NVIDIA H200")
+    assert c.state == dr.WARN and "gpu table" in c.fix
+
+
+def test_gpu_table_names_the_override_file_in_use(tmp_path, monkeypatch):
+    c = dr.check_gpu_table()
+    assert c.state == dr.OK and "no override file" in c.detail and "~/.config/ar/gpus.yaml" in c.detail
+    user = tmp_path / "home" / ".config" / "ar" / "gpus.yaml"
+    user.parent.mkdir(parents=True)
+    user.write_text("- {name: Future X1, match: [future, x1], tflops: 777}\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    c = dr.check_gpu_table()
+    assert c.state == dr.OK and f"1 row(s) from {user}" in c.detail
+    other = tmp_path / "mine.yaml"
+    other.write_text("[]\n")
+    monkeypatch.setenv("AR_GPUS_FILE", str(other))
+    c = dr.check_gpu_table()
+    assert c.state == dr.OK and f"from {other}, from AR_GPUS_FILE" in c.detail
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("- {name: X, match: [x\n  bad: 1\n", "not valid YAML at line 2"),
+    ("name: X\n", "must be a YAML list of rows"),
+    ("- {name: X, match: x, tflops: 1}\n", "match and exclude must be lists"),
+    ("- {name: X, match: [x], tflops: fast}\n", "tflops must be a positive number"),
+])
+def test_a_bad_override_file_is_one_line_naming_the_file(tmp_path, monkeypatch, text, problem):
+    f = tmp_path / "gpus.yaml"
+    f.write_text(text)
+    monkeypatch.setenv("AR_GPUS_FILE", str(f))
+    c = dr.check_gpu_table()
+    assert c.state == dr.FAIL and str(f) in c.detail and problem in c.detail and "\n" not in c.detail
+    assert c.detail.endswith("fix the file or unset AR_GPUS_FILE")
+    monkeypatch.setenv("AR_GPUS_FILE", str(tmp_path / "missing.yaml"))
+    c = dr.check_gpu_table()
+    assert c.state == dr.FAIL and "does not exist" in c.detail and "AR_GPUS_FILE" in c.detail
+
+
+def test_ar_on_path():
+    ours = dr.check_command(lambda exe: None)
+    assert ours.state == dr.WARN and "autoresearch" in ours.fix
+    never = lambda path: pytest.fail("must not run")  # noqa: E731
+    script = str(Path(sysconfig.get_path("scripts")) / "ar")  # pip's console script: known without running it
+    assert dr.check_command(lambda exe: script, never).state == dr.OK
+    binutils = dr.check_command(lambda exe: "/usr/bin/ar", lambda path: "GNU ar (GNU Binutils) 2.40")
+    assert binutils.state == dr.WARN and "/usr/bin/ar (GNU ar (GNU Binutils) 2.40)" in binutils.detail
+    assert "run `autoresearch` instead" in binutils.fix
+    shim = dr.check_command(lambda exe: "/usr/bin/ar", lambda path: "ar 0.1.0")  # a pyenv-style shim to ours
+    assert shim.state == dr.OK
 
 
 def test_sdpa_backends():
@@ -170,7 +227,7 @@ def test_checklist_on_a_gpu(tmp_path):
     make_repo(tmp_path)
     checks = dr.run_checks(tmp_path, **fake_inputs())
     assert [c.name for c in checks] == ["python", "torch", "cuda", "gpu", "kernels", "peak", "attention", "compile",
-                                        "data", "train.py", "repo", "disk", "agent"]
+                                        "gpu table", "data", "train.py", "repo", "disk", "agent", "ar on PATH"]
     assert not dr.blocking(checks)
     assert "8192" in by_name(checks)["data"].detail  # the gpu profile's vocab
 
@@ -222,10 +279,9 @@ def test_cli_doctor_fails_on_a_dirty_repo_and_prints_json(tmp_path):
     (tmp_path / "train.py").write_text("print('edited')\n")
     result = runner.invoke(app, ["doctor", "--repo", str(tmp_path), "--json"])
     assert result.exit_code == 1
-    doc = json.loads(result.stdout.splitlines()[0])
-    assert doc["ok"] is False
+    doc = json.loads(result.stdout)  # the whole of stdout: one document, the verdict inside
+    assert doc["ok"] is False and doc["exit_code"] == 1 and "check(s) failed (repo)" in doc["error"]
     assert {c["name"]: c["state"] for c in doc["checks"]}["repo"] == "fail"
-    assert "check(s) failed (repo)" in str(result.exception)
 
 
 def test_cli_doctor_reads_the_agent_from_the_config(tmp_path):
