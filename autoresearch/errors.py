@@ -1,4 +1,7 @@
-"""One error family. Library code raises these; only the CLI catches them and prints one line."""
+"""One error family. Library code raises these; only the CLI catches them and prints one line.
+
+Each class carries its exit code (the README's table): 1 a failure, 2 bad input, 3 the lock is held.
+"""
 
 
 class ArError(Exception):
@@ -8,7 +11,9 @@ class ArError(Exception):
 
 
 class ConfigError(ArError):
-    """Bad config, sweep file, flag or knob value."""
+    """Bad config, sweep file, flag or knob value: bad input, like a click usage error."""
+
+    exit_code = 2
 
 
 class DataError(ArError):

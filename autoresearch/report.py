@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import ConfigError
+from .errors import ArError, ConfigError
 from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, show_number, show_value, status_of
 
@@ -38,10 +38,9 @@ def find_tags(repo: str | Path) -> list[str]:
     return [p.parent.name for p in found]
 
 
-def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
-         warn=None) -> tuple[list[str], list, str | None]:
-    """(tags, rows, message). message says why there is nothing to report (missing or empty), else None.
-    A corrupt line of results.tsv is named through `warn` and skipped, as `ar run` and `ar status` do."""
+def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=None) -> tuple[list[str], list]:
+    """(tags, rows). Nothing to report (no runs/, no such tag, no row yet) is an ArError saying how to get
+    results. A corrupt line of results.tsv is named through `warn` and skipped, as `ar run` and `ar status` do."""
     from .ledger import read_results
 
     runs = Path(repo) / "runs"
@@ -56,18 +55,23 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
         else:
             tags.reverse()  # oldest first: experiments in the order they ran
     if not tags:
-        return [], [], f"no results yet: no {runs}/<tag>/results.tsv (run `ar run` or `ar sweep` first)"
+        raise ArError(f"no results yet: no {runs}/<tag>/results.tsv; run `ar run` (or `ar sweep FILE`) in this "
+                      "repository first")
     rows = []
     for t in tags:
         path = runs / t / "results.tsv"
         if not path.is_file():
-            return tags, [], f"no results for tag {t!r}: {path} does not exist"
+            others = find_tags(repo)
+            raise ArError(f"no results for tag {t!r}: {path} does not exist; "
+                          + (f"tags with results: {', '.join(others)}" if others else
+                             "run `ar run` (or `ar sweep FILE`) first"))
         for r in read_results(path, warn=warn or (lambda msg: None)):
             r.tag = r.tag or t  # upstream's rows have no tag column
             rows.append(r)
     if not rows:
-        return tags, [], f"no results yet in {', '.join(str(runs / t / 'results.tsv') for t in tags)}"
-    return tags, rows, None
+        raise ArError(f"no results yet in {', '.join(str(runs / t / 'results.tsv') for t in tags)}: a row is "
+                      "written when an experiment finishes (`ar status` shows the one running)")
+    return tags, rows
 
 
 # ---------------------------------------------------------------- pure summaries

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from autoresearch.ledger import COLUMNS, Ledger, Row, Status
 
 UPSTREAM = Path(__file__).parent / "data" / "upstream_results.tsv"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+AR = str(Path(sysconfig.get_path("scripts")) / "ar")  # the installed console script
 
 
 def ar(args, monkeypatch, capsys) -> tuple[int, str, str]:
@@ -130,15 +133,38 @@ def test_report_plot_of_sweep_rows(tmp_path):
     assert png.read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_missing_and_empty_results_are_one_line_exit_0(tmp_path, monkeypatch, capsys):
-    code, out, _ = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
-    assert code == 0 and out.startswith("no results yet") and out.count("\n") == 1
+def test_missing_and_empty_results_are_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    code, out, err = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: no results yet") and "run `ar run`" in err
     (tmp_path / "runs" / "t").mkdir(parents=True)
     (tmp_path / "runs" / "t" / "results.tsv").write_text("\t".join(COLUMNS) + "\n")
-    code, out, _ = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
-    assert code == 0 and out.startswith("no results yet in") and out.count("\n") == 1
-    code, out, _ = ar(["report", "--repo", tmp_path, "--tag", "nope", "--json"], monkeypatch, capsys)
-    assert code == 0 and out.startswith("no results for tag 'nope'")
+    code, out, err = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
+    assert code == 1 and err.startswith("error: no results yet in") and err.count("\n") == 1
+    code, out, err = ar(["report", "--repo", tmp_path, "--tag", "nope", "--json"], monkeypatch, capsys)
+    assert code == 1 and err == ""
+    assert json.loads(out) == {"error": f"no results for tag 'nope': {tmp_path}/runs/nope/results.tsv does not "
+                                        "exist; tags with results: t", "exit_code": 1}
+
+
+def test_piped_report_is_one_line_per_row_and_plain(upstream_repo):
+    """Through a pipe (the real console script): no escape codes, no wrapping, however long a description."""
+    f = upstream_repo / "runs" / "mar5" / "results.tsv"
+    lines = f.read_text().splitlines(keepends=True)
+    long = "a very long description of what this experiment changed " * 6
+    f.write_text(lines[0] + "".join(ln.replace("\tkeep\t", f"\tkeep\t{long} ", 1) for ln in lines[1:]))
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": ""}
+    r = subprocess.run([AR, "report", "--repo", str(upstream_repo), "--top", "20"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    title = next(i for i, ln in enumerate(out) if ln.startswith("top 6 of 7 experiments"))
+    assert out[title + 1].split("\t")[:3] == ["#", "commit", "val_bpb"]
+    table = out[title + 2:out.index("", title)]
+    assert len(table) == 6 and all(len(ln.split("\t")) == 9 for ln in table)   # one line per row, 9 columns
+    assert sum(long.strip() in ln for ln in table) == 4                          # the 4 kept rows, unwrapped
+    assert any(ln.startswith("reproduce\tgit checkout a7b8c9d") for ln in out)
 
 
 def test_a_corrupt_results_line_is_named_and_the_rest_reported(upstream_repo, monkeypatch, capsys):

@@ -13,9 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from . import app, console
+from . import app, console, print_table
 from .. import doctor as dr
 from .. import probe as pr
 from ..config import load_config
@@ -40,9 +39,11 @@ def doctor(
     if not as_json:
         _print_checks(checks)
     report = pr.probe(repo, budget_s=probe_budget, progress=None if as_json else _print_result) if probe else None
-    if as_json:
-        console.out(json.dumps(dr.as_json(checks, probe, report)))
-    elif report is not None:
+    if as_json:  # one document, the verdict inside: a second (error) object would make stdout invalid JSON
+        doc = dr.as_json(checks, probe, report)
+        console.out(json.dumps(doc), highlight=False)
+        raise typer.Exit(doc.get("exit_code", 0))
+    if report is not None:
         _print_probe(report)
     elif probe:
         console.print(dr.NO_GPU, highlight=False)
@@ -78,13 +79,10 @@ def _print_result(r: pr.ProbeResult) -> None:
 
 
 def _print_probe(report: pr.ProbeReport) -> None:
-    table = Table("candidate", "tokens/s", "MFU", "VRAM MB", "Δloss", "status", "why",
-                  title=f"probe ({report.seconds:.0f} s)", title_justify="left")
     num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    for r in report.rows:
-        table.add_row(r["label"], num(r["tokens_per_s"], ",.0f"), num(r["mfu"], ".1f"), num(r["peak_vram_mb"], ",.0f"),
-                      num(r["max_loss_diff"], ".2%"), r["status"], escape(_short(r["note"])))
-    console.print(table)
+    print_table(f"probe ({report.seconds:.0f} s)", ("candidate", "tokens/s", "MFU", "VRAM MB", "Δloss", "status", "why"),
+                [(r["label"], num(r["tokens_per_s"], ",.0f"), num(r["mfu"], ".1f"), num(r["peak_vram_mb"], ",.0f"),
+                  num(r["max_loss_diff"], ".2%"), r["status"], _short(r["note"])) for r in report.rows])
     for note in report.notes:
         console.print(f"note: {note}", highlight=False)
     if report.choice is None:

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
-from . import app, console
+from . import app, console, err_console, print_table
 from .. import report as rep
 
 
@@ -23,11 +22,8 @@ def report(
     plot: Annotated[Optional[Path], typer.Option(help="Write the progress plot to this PNG.")] = None,
 ) -> None:
     """Read the results of a run or a sweep: the best config and how to reproduce it."""
-    tags, rows, message = rep.load(repo, tag, all_tags,
-                                   warn=lambda msg: console.print(f"warning: {msg}", highlight=False, soft_wrap=True))
-    if message:
-        console.print(message, highlight=False, soft_wrap=True)
-        return
+    tags, rows = rep.load(repo, tag, all_tags,
+                          warn=lambda msg: err_console.print(f"warning: {msg}", highlight=False, soft_wrap=True))
     data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row))
     if plot is not None:
         data["plot"] = str(rep.plot(rows, plot, title=f"{', '.join(tags)}: {len(rows)} experiments"))
@@ -35,9 +31,6 @@ def report(
         console.out(json.dumps(data), highlight=False)
         return
     for s in rep.sections(data):
-        table = Table(*s.columns, title=s.title, title_justify="left")
-        for r in s.rows:
-            table.add_row(*r)
-        console.print(table)
+        print_table(s.title, s.columns, s.rows)
     if plot is not None:
-        console.print(f"plot: {data['plot']}", highlight=False)
+        console.print(f"plot: {data['plot']}", highlight=False, soft_wrap=True)

@@ -116,13 +116,19 @@ def run(
     with view.live:
         summary = loop.run(max_experiments, max_hours)
     view.finish(summary)
-    raise typer.Exit(130 if summary.interrupted else 2 if summary.failed else 0)
+    raise typer.Exit(130 if summary.interrupted else 1 if summary.failed else 0)
 
 
 @app.command()
-def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path(".")) -> None:
+def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
+           as_json: Annotated[bool, typer.Option("--json", help="Print the status document (lock holder, "
+                                                               "status.json, best, counts) as JSON.")] = False) -> None:
     """Who holds the lock, what runs now and how far it is, and the best result so far."""
     st = read_status(repo)
+    if as_json:
+        import json
+        console.out(json.dumps({"running": st["holder"] is not None, **st}, default=str), highlight=False)
+        return
     console.print(_holder_line(st), highlight=False)
     if st["tag"]:
         console.print(_experiment_line(st), highlight=False)

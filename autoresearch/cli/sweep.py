@@ -47,4 +47,4 @@ def sweep(
                               command="ar " + " ".join(sys.argv[1:]))
     for line in result.lines():
         console.print(line, highlight=False)
-    raise typer.Exit(130 if result.interrupted else 2 if result.failed else 0)
+    raise typer.Exit(130 if result.interrupted else 1 if result.failed else 0)

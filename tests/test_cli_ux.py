@@ -1,0 +1,225 @@
+"""The first hour at the command line: --version, -h, completion, the `autoresearch` name beside binutils' `ar`,
+plain output into pipes and under NO_COLOR, the exit-code table, and --json that stays JSON when a command fails.
+
+Through the installed console scripts in real subprocesses where the entry point matters (exit codes, pipes,
+terminals, PATH); through Typer's runner where it adds nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from autoresearch.cli import app
+from autoresearch.ledger import Ledger, Row, Status
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+AR, AUTORESEARCH = str(SCRIPTS / "ar"), str(SCRIPTS / "autoresearch")
+VERSION = metadata.version("autoresearch-ar")
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    """A user with no config of their own, no colour forced, and this Python's scripts first on PATH."""
+    home = tmp_path / "home"
+    home.mkdir()
+    keep = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE",
+                                                             "AR_GPUS_FILE", "AR_GPU_TABLE", "AR_PEAK_TFLOPS")}
+    return {**keep, "HOME": str(home), "AR_CACHE": str(tmp_path / "cache"), "COLUMNS": "80",
+            "PATH": f"{SCRIPTS}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def ar(*args, env, script=AR, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([script, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+def on_a_terminal(*args, env) -> str:
+    """Run the `ar` script with stdout and stderr on a pseudo-terminal; everything it wrote."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([AR, *map(str, args)], stdout=follower, stderr=follower, stdin=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the process has closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=120)
+    os.close(leader)
+    return out.decode("utf-8", errors="replace")
+
+
+def results_repo(root: Path, description: str = "baseline") -> Path:
+    """A git repository with runs/t/results.tsv of two rows and a status.json, as a finished `ar run` leaves."""
+    root.mkdir(parents=True)
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "start"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
+    led = Ledger(root / "runs" / "t")
+    for i, (val, status) in enumerate([(1.10, "keep"), (1.20, "discard")], 1):
+        led.append(Row(commit=f"{i:07x}", val_bpb=val, memory_gb=1.0, status=Status(status),
+                       description=f"{description} {i}", exp_id=i, tag="t"))
+    (root / "runs" / "t" / "status.json").write_text(json.dumps({"experiment": None, "step": None}))
+    return root
+
+
+# ------------------------------------------------------------------------------------ 1. version, -h, completion
+
+def test_version_from_the_package_metadata_under_both_names(env):
+    for script in (AR, AUTORESEARCH):
+        r = ar("--version", env=env, script=script)
+        assert r.returncode == 0 and r.stdout == f"ar {VERSION}\n" and r.stderr == ""
+
+
+def test_h_is_help_on_every_command():
+    runner = CliRunner()
+    commands = sorted(typer.main.get_command(app).commands)
+    assert {"run", "status", "sweep", "report", "doctor", "init", "prepare"} <= set(commands)
+    for args in ([], *([c] for c in commands)):
+        short, long = runner.invoke(app, [*args, "-h"]), runner.invoke(app, [*args, "--help"])
+        assert short.exit_code == 0 and "Usage:" in short.output, (args, short.output)
+        assert short.output == long.output
+
+
+def test_shell_completion_is_offered_and_completes(env):
+    out = ar("--help", env=env).stdout
+    assert "--install-completion" in out and "--show-completion" in out
+    script = ar("--show-completion", "bash", env=env)
+    assert script.returncode == 0 and "_AR_COMPLETE" in script.stdout
+    # what the installed bash function asks: complete `ar rep` and `autoresearch report --j`
+    r = ar(env={**env, "_AR_COMPLETE": "complete_bash", "COMP_WORDS": "ar rep", "COMP_CWORD": "1"})
+    assert r.stdout.split() == ["report"]
+    r = ar(script=AUTORESEARCH, env={**env, "_AUTORESEARCH_COMPLETE": "complete_bash",
+                                     "COMP_WORDS": "autoresearch report --j", "COMP_CWORD": "2"})
+    assert r.stdout.split() == ["--json"]
+
+
+# ------------------------------------------------------------------------------------ 2. binutils' ar first on PATH
+
+def test_doctor_warns_when_another_ar_comes_first_on_path(tmp_path, env):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ar").write_text("#!/bin/sh\necho 'GNU ar (GNU Binutils) 2.40'\n")
+    (fake / "ar").chmod(0o755)
+    r = ar("doctor", "--repo", tmp_path, env={**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"},
+           script=AUTORESEARCH)
+    line = next(ln for ln in r.stdout.splitlines() if "ar on PATH" in ln)
+    assert line.startswith(f"! ar on PATH the first `ar` on PATH is {fake / 'ar'} (GNU ar (GNU Binutils) 2.40)")
+    assert "run `autoresearch` instead" in line
+    r = ar("doctor", "--repo", tmp_path, env=env)  # this installation's ar first: no warning
+    assert f"✓ ar on PATH {SCRIPTS / 'ar'}" in r.stdout
+
+
+# ------------------------------------------------------------------------------------ 3. pipes, NO_COLOR, --no-color
+
+def test_piped_output_is_plain_and_unwrapped(tmp_path, env):
+    long = "a description far longer than any terminal is wide, " * 5
+    root = results_repo(tmp_path / "repo", description=long)
+    r = ar("report", "--repo", root, env=env)
+    assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if long.strip() in ln]
+    assert [ln.split("\t")[0] for ln in rows] == ["1", "2"]          # one line per row, however long
+    r = ar("doctor", "--repo", tmp_path, env=env)
+    assert "\x1b" not in r.stdout + r.stderr and all(ln[:2] in ("✓ ", "! ", "✗ ") for ln in r.stdout.splitlines())
+
+
+def test_no_color_and_NO_COLOR_write_no_escape_codes_on_a_terminal(tmp_path, env):
+    root = results_repo(tmp_path / "repo")
+    coloured = on_a_terminal("report", "--repo", root, env=env)
+    assert "\x1b[" in coloured and "top 2 of 2 experiments" in coloured  # the control: a terminal gets styles
+    for text in (on_a_terminal("--no-color", "report", "--repo", root, env=env),
+                 on_a_terminal("report", "--repo", root, env={**env, "NO_COLOR": "1"}),
+                 on_a_terminal("--no-color", "report", "--repo", tmp_path / "nothing", env=env),
+                 on_a_terminal("--no-color", "-h", env=env)):
+        assert "\x1b" not in text and ("experiments" in text or "no results yet" in text or "Usage" in text)
+
+
+# ------------------------------------------------------------------------------------ 4. exit codes
+
+def test_exit_codes_usage_bad_input_failure(tmp_path, env):
+    for args, code, says in ((["report", "--bogus"], 2, "No such option: --bogus (see `ar report -h`)"),
+                             (["report", "--top", "x"], 2, "Invalid value for '--top'"),
+                             (["report", "--tag", "a", "--all"], 2, "--tag and --all exclude each other"),  # ConfigError
+                             (["run", "--config", tmp_path / "missing.yaml"], 2, "does not exist"),        # ConfigError
+                             (["report", "--repo", tmp_path], 1, "no results yet")):
+        r = ar(*args, env=env, cwd=tmp_path)
+        assert r.returncode == code and says in r.stderr, (args, r.stderr)
+        assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    r = ar("report", "--repo", tmp_path, env=env)
+    assert "run `ar run` (or `ar sweep FILE`)" in r.stderr  # and how to get results
+
+
+def test_ctrl_c_exits_130(tmp_path, env):
+    # `ar doctor` asks the first `ar` on PATH for its version: a fake one that hangs holds it still for the signal
+    fake, started = tmp_path / "bin", tmp_path / "started"
+    fake.mkdir()
+    (fake / "ar").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    (fake / "ar").chmod(0o755)
+    proc = subprocess.Popen([AUTORESEARCH, "doctor", "--repo", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"})
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------------ 5. --json, errors included
+
+def test_json_errors_are_json_on_stdout(tmp_path, env):
+    for args, code in ((["report", "--repo", tmp_path, "--json"], 1),
+                       (["report", "--json", "--top", "x"], 2),
+                       (["report", "--json", "--tag", "a", "--all"], 2),
+                       (["status", "--json", "--repo", tmp_path], 1)):
+        r = ar(*args, env=env, cwd=tmp_path)
+        doc = json.loads(r.stdout)
+        assert r.returncode == code and doc["exit_code"] == code and set(doc) == {"error", "exit_code"}, args
+        assert r.stderr == ""
+    assert "not a git repository" in doc["error"]
+
+
+def test_status_json(tmp_path, env):
+    root = results_repo(tmp_path / "repo")
+    r = ar("status", "--json", "--repo", root, env=env)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["running"] is False and doc["holder"] is None and doc["tag"] == "t"
+    assert doc["best"]["commit"] == "0000001" and doc["best"]["val_bpb"] == 1.10
+    assert doc["counts"] == {"keep": 1, "discard": 1} and doc["status"] == {"experiment": None, "step": None}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=empty, check=True)
+    doc = json.loads(ar("status", "--json", "--repo", empty, env=env).stdout)
+    assert doc["running"] is False and doc["tag"] is None and doc["best"] is None
+
+
+# ------------------------------------------------------------------------------------ 6. the GPU table override
+
+def test_user_gpu_table_overrides_and_extends_and_doctor_names_it(tmp_path, env):
+    user = Path(env["HOME"]) / ".config" / "ar" / "gpus.yaml"
+    user.parent.mkdir(parents=True)
+    user.write_text("- {name: Future X1, match: [future, x1], tflops: 777}\n"
+                    "- {name: H200, match: [h200], exclude: [nvl], tflops: 1000}\n")
+    probe = ("from autoresearch.harness import gpus\n"
+             "print(*(gpus.lookup(n).tflops for n in ('ACME Future X1', 'NVIDIA H200', 'NVIDIA GeForce RTX 5090')))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["777.0", "1000.0", "209.5"], r.stderr
+    r = ar("doctor", "--repo", tmp_path, env=env)
+    assert f"✓ gpu table  the packaged table with 2 row(s) from {user}" in r.stdout
+    user.write_text("- {name: Future X1, match: [future, x1\n  tflops: 777}\n")
+    r = ar("doctor", "--repo", tmp_path, env=env)
+    line = next(ln for ln in r.stdout.splitlines() if "gpu table" in ln)
+    assert line.startswith(f"✗ gpu table  GPU table {user}: not valid YAML at line 2") and "Traceback" not in r.stderr
