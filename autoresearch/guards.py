@@ -23,7 +23,7 @@ from .knobs import parse_source
 from .gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_CACHE", "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE",
-              "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS")
+              "AR_GPUS_FILE", "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS")
 RUNNER_FIELDS = ("time_budget", "seed", "tok_dir", "checkpoint_dir", "untimed_steps")
 BOOKKEEPING = ("results.tsv", "queue.jsonl", "hooks.jsonl", "noise.json", "meta.json")
 

@@ -526,8 +526,9 @@ class Loop:
             return "the proposal changed nothing"
         return guards.check_files(ctx.git, x.parent, changed)
 
-    def _replay(self, ctx: "SlotContext", x: "_Exp") -> str:
-        """A stale win again, on top of the new best: apply the same diff; a str when it does not apply."""
+    def _replay(self, ctx: "SlotContext", x: "_Exp") -> Proposal | str:
+        """A stale win again, on top of the new best: apply the same diff; a str (the reason to reject) when it
+        does not apply."""
         p = x.spec.payload
         x.description = p.get("description") or f"replay of {short(p['replay'])}"
         try:
@@ -537,7 +538,7 @@ class Loop:
                 ctx.git._git("cherry-pick", "--abort")
             return f"the change of {short(p['replay'])} does not apply on the new best: {e}"
         ctx.git._git("reset", "--quiet")          # unstaged, like an agent's edit
-        return x.description
+        return Proposal(x.description)
 
     def _train_and_classify(self, ctx: "SlotContext", x: "_Exp"):
         """Steps 5-6 for a committed experiment: (result, failure status or None, reason, metrics, budget, seed)."""

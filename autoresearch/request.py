@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .harness.env import KEPT_ENV, Profile
 
-PASSED_THROUGH = KEPT_ENV + ("AR_PEAK_TFLOPS", "AR_GPU_TABLE", "AR_GPU_MEMORY_GB", "CUDA_HOME", "LD_LIBRARY_PATH")
+PASSED_THROUGH = KEPT_ENV + ("AR_PEAK_TFLOPS", "AR_GPU_MEMORY_GB", "CUDA_HOME", "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True, kw_only=True)

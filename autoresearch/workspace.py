@@ -43,6 +43,8 @@ def plan(resources: Path) -> dict[str, Path]:
             src = Path(folder) / name
             if src.suffix in (".yaml", ".yml") and src.is_file():
                 rel = src.relative_to(resources)
+                if rel == Path("gpus.yaml"):     # the GPU table is read from the package (override: ar doctor)
+                    continue
                 rel = rel.relative_to("configs") if rel.parts[0] == "configs" else rel
                 files.setdefault(str(Path("configs") / rel), src)
     return files

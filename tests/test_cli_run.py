@@ -104,16 +104,16 @@ def test_help_lists_the_flags():
         assert flag in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--proposer", "magic"], "proposer in the command line must be one of"),
-    (["--agent", "no-such-agent-xyz"], "not found on PATH"),
-    (["--tag", "Bad/Tag"], "tag 'Bad/Tag'"),
-    (["--config", "missing.yaml"], "config file missing.yaml does not exist"),
+@pytest.mark.parametrize("args, message, code", [
+    (["--proposer", "magic"], "proposer in the command line must be one of", 2),
+    (["--agent", "no-such-agent-xyz"], "not found on PATH", 2),
+    (["--tag", "Bad/Tag"], "tag 'Bad/Tag'", 1),
+    (["--config", "missing.yaml"], "config file missing.yaml does not exist", 2),
 ])
-def test_bad_flags_are_one_line_errors(tmp_path, args, message):
+def test_bad_flags_are_one_line_errors(tmp_path, args, message, code):
     root = make_repo(tmp_path)
     r = ar("run", "--repo", str(root), *args, cwd=tmp_path)
-    assert r.returncode == 1 and message in r.stderr
+    assert r.returncode == code and message in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2
 
 
@@ -122,12 +122,12 @@ def test_unknown_config_key_from_the_command_line(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("time_budget: 1\nbudjet: 2\n")
     r = ar("run", "--repo", str(root), "--config", str(f), cwd=tmp_path)
-    assert r.returncode == 1 and "unknown key 'budjet'" in r.stderr and str(f) in r.stderr
+    assert r.returncode == 2 and "unknown key 'budjet'" in r.stderr and str(f) in r.stderr
 
 
 def test_not_a_repo_or_no_train_py(tmp_path):
     r = ar("run", "--repo", str(tmp_path), cwd=tmp_path)
-    assert r.returncode == 1 and "no train.py in" in r.stderr
+    assert r.returncode == 2 and "no train.py in" in r.stderr
     (tmp_path / "train.py").write_text("DEPTH = 1\n")
     r = ar("run", "--repo", str(tmp_path), "--proposer", "strategy", cwd=tmp_path)
     assert r.returncode == 1 and "not a git repository" in r.stderr
@@ -150,12 +150,12 @@ def test_run_then_status(tmp_path):
     assert f"best: {best:.6f}" in st and "3 keep" in st
 
 
-def test_failures_stop_with_exit_code_2(tmp_path):
+def test_failures_stop_with_exit_code_1(tmp_path):
     root = make_repo(tmp_path)
     (root / "train.py").write_text((root / "train.py").read_text().replace('FAIL_MODE = "none"', 'FAIL_MODE = "nan"'))
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "nan"], cwd=root, check=True)
     r = ar("run", "--repo", str(root), "--tag", "t", "--config", str(config_file(tmp_path)), cwd=tmp_path)
-    assert r.returncode == 2 and "the baseline did not run cleanly" in r.stdout
+    assert r.returncode == 1 and "the baseline did not run cleanly" in r.stdout
 
 
 def test_zero_config_first_run(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ def resources(tmp_path):
 def test_init_creates_a_committed_workspace(tmp_path, resources):
     ws = init_workspace(tmp_path / "ws", resources=resources)
     root = tmp_path / "ws"
-    assert sorted(ws.files) == [".gitignore", "configs/gpus.yaml", "configs/sweep-small.yaml", "program.md", "train.py"]
+    assert sorted(ws.files) == [".gitignore", "configs/sweep-small.yaml", "program.md", "train.py"]
     assert (root / "train.py").read_text() == "print('train')\n" and not (root / "train.py").is_symlink()
     assert "runs/" in (root / ".gitignore").read_text().split()
     repo = git.Repo(root)
@@ -85,7 +85,7 @@ def test_cli_init_prints_the_next_commands(tmp_path):
     assert result.exit_code == 0, result.output
     assert f"cd {tmp_path / 'ws'} && ar run --max-experiments 3" in result.output and "ar report" in result.output
     assert (tmp_path / "ws" / "train.py").read_bytes() == (ROOT / "train.py").read_bytes()
-    assert (tmp_path / "ws" / "configs" / "gpus.yaml").exists()
+    assert not (tmp_path / "ws" / "configs" / "gpus.yaml").exists()   # read from the package, not copied
     again = runner.invoke(app, ["init", str(tmp_path / "ws")])
     assert again.exit_code == 1 and "not empty" in str(again.exception)
 

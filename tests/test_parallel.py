@@ -113,6 +113,32 @@ def test_decisions_in_dispatch_order_and_stale_win_rerun(tmp_path):
     assert "TOTAL_BATCH_SIZE = 2**17" in knobs and "START_DELAY = 2.5" in knobs
 
 
+def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
+    """An agent's win on a stale parent: its diff is applied on top of the new best (the lines both changed
+    take the replayed side), run, and recorded with a result (it was once recorded `rejected` instead)."""
+    import json
+    import shlex
+    import sys
+
+    from autoresearch.proposers.agent import AgentProposer
+    from test_loop import AGENTS
+    root = make_repo(tmp_path)
+    # 2 (slow) wins first; 3 (fast) beats it from the baseline; 4 goes into 3's freed slot and loses
+    edits = {"2": {"TOTAL_BATCH_SIZE": "2**18", "START_DELAY": "2.5"}, "3": {"TOTAL_BATCH_SIZE": "2**17"},
+             "4": {"LR_MULT": "1.5"}}
+    agent = " ".join(shlex.quote(a) for a in (sys.executable, str(AGENTS / "by_experiment.py"), json.dumps(edits),
+                                              "{prompt_file}"))
+    with ParallelLoop(cfg(gpus="cpu:2"), root, "t", AgentProposer(agent, timeout=30)) as lp:
+        s = lp.run(max_experiments=5)
+    rows = assert_consistent(root)
+    assert [(r.exp_id, r.status.value) for r in rows] == [
+        (1, "keep"), (2, "keep"), (3, "stale"), (4, "discard"), (5, "keep")], s
+    assert "re-run on top of it as experiment 0005" in rows[2].reason
+    assert rows[4].parent == rows[1].commit and rows[4].val_bpb == pytest.approx(rows[2].val_bpb, abs=1e-5)
+    text = GitRepo(root).file_at(GitRepo(root).head_sha(), "train.py")
+    assert "TOTAL_BATCH_SIZE = 2**17" in text and "START_DELAY = 2.5" in text
+
+
 def test_stale_policy_record(tmp_path):
     root = make_repo(tmp_path)
     with ParallelLoop(cfg(gpus="cpu:2", stale_policy="record"), root, "t") as lp:

@@ -171,3 +171,29 @@ def test_sweep_across_two_nodes_survives_losing_one(cluster, tmp_path, prepared_
     assert [s for _, s, _, _ in content(remote)] == ["keep", "discard", "discard", "discard"]
     logs = "".join(p.read_text() for p in (remote / "runs" / "sweep-pts").glob("000*/train.log"))
     assert "[ar] ran on Ray node" in logs
+
+
+def test_every_guard_and_stop_rule_alike_on_one_slot_local_slots_and_ray(cluster, tmp_path, prepared_cache,
+                                                                           tiny_dataset):
+    """One scenario of misbehaving and honest experiments through the inline executor (the repo itself), two
+    local worktree slots and the Ray cluster: the same rows, statuses and reasons, whatever runs them."""
+    import re
+
+    cluster["cache"].mkdir(parents=True, exist_ok=True)
+    if not (cluster["cache"] / "builtin").exists():
+        (cluster["cache"] / "builtin").symlink_to(tiny_dataset.cache / tiny_dataset.name, target_is_directory=True)
+    scenario = [{"FAIL_MODE": "crash"}, {"FAIL_MODE": "write_tracked"}, {"FAIL_MODE": "lookahead"},
+                {"FAIL_MODE": "no_checkpoint"}, {"TOTAL_BATCH_SIZE": 2**18}]
+    records = {}
+    for name, c in (("inline", cfg(time_budget=1.0)), ("local", cfg(gpus="cpu:2", time_budget=1.0)),
+                    ("ray", cfg(executor="ray", ray_address=cluster["address"], ray_resource="exp", time_budget=1.0))):
+        root = make_repo(tmp_path / name)
+        with ParallelLoop(c, root, "t") as lp:
+            for knobs in scenario:
+                lp.enqueue_knobs(knobs)
+            lp.run()
+        records[name] = [(r.exp_id, r.status.value, re.sub(r"[\d.]+", "N", r.reason.split(";")[0]))
+                         for r in assert_consistent(root)]
+    assert [s for _, s, _ in records["inline"]] == ["keep", "crash", "discard", "rejected", "crash", "keep"]
+    assert records["local"] == records["inline"], records
+    assert records["ray"] == records["inline"], records

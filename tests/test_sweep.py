@@ -266,15 +266,15 @@ def test_dry_run_prints_the_plan_in_order_and_runs_nothing(repo, tmp_path, monke
 def test_bad_sweep_file_is_one_line_before_anything_runs(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "bad.yaml", axes={"LR": [1.0]})
     code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
-    assert code == 1 and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
     assert "unknown knob 'LR': train.py has DEPTH, TOTAL_BATCH_SIZE, DEVICE_BATCH_SIZE, LR_MULT" in err
     assert not (repo / "runs").exists() and len(git.Repo(repo).heads) == 1
     f = write_sweep(tmp_path / "bad2.yaml", axes={"TOTAL_BATCH_SIZE": [1000]})
     code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
-    assert code == 1 and "not a multiple of the sequence length 256 (cpu profile)" in err
+    assert code == 2 and "not a multiple of the sequence length 256 (cpu profile)" in err
     f = write_sweep(tmp_path / "bad3.yaml", axes={"LR_MULT": [1.0]}, base="no-such-branch")
     code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
-    assert code == 1 and "base 'no-such-branch' is not a commit or branch" in err
+    assert code == 2 and "base 'no-such-branch' is not a commit or branch" in err
 
 
 def sweep_rows(repo: Path, tag: str):

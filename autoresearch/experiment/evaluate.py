@@ -94,14 +94,17 @@ class Server:
         if self.proc is None:
             return
         try:
-            self.proc.stdin.close()
-            self.proc.terminate()
+            self.proc.stdin.close()          # end of input: it stops its fork server and exits by itself
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             try:
-                os.killpg(self.proc.pid, 9)            # the fork server shares its group
-            except OSError:
-                pass
+                self.proc.terminate()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, 9)            # the fork server shares its group
+                except OSError:
+                    pass
         self.proc.wait()
         self.proc = None
 

@@ -405,6 +405,7 @@ def serve() -> int:
                 sys.stdin.readline()
             print(f"done {req['id']}", flush=True)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a stop now must not cut the fork server's cleanup short
         zygote.close()
     return 0
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import yaml
 
 PACKAGED_TABLE = Path(__file__).resolve().parents[1] / "resources" / "gpus.yaml"
-TABLE_PATH = PACKAGED_TABLE  # its older name
 USER_TABLE = "~/.config/ar/gpus.yaml"
 ENV_VARS = ("AR_GPUS_FILE", "AR_GPU_TABLE")  # AR_GPU_TABLE: the older name, still read
 HOW_TO_ADD = f"add a row (name, match, tflops) to {USER_TABLE} (or the file named by AR_GPUS_FILE)"

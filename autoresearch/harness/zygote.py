@@ -50,6 +50,7 @@ def main() -> int:
     try:
         return _serve()
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # reaping every worker is not to be cut short
         sandbox._kill_below(os.getpid())
 
 
