@@ -738,7 +738,7 @@ class Loop:
         if result.returncode != 0:
             if m.fail_message:
                 return Status.CRASH, m.fail_message, m
-            last = next((ln.strip() for ln in reversed(x.tail) if ln.strip() and not ln.startswith("[ar]")), "")
+            last = _last_output_line(result.log_path)
             why = result.stop_reason or f"exit code {result.returncode}"
             return Status.CRASH, f"{why}: {last[:300]}; see train.log" if last else f"{why}; see train.log", m
         if not x.has_checkpoint:
@@ -959,6 +959,18 @@ class _Exp:
 
 def _message(x: _Exp, tag: str) -> str:
     return f"{x.description or x.spec.kind}\n\nar: tag {tag}, experiment {x.spec.id:04d} ({x.spec.kind})"
+
+
+def _last_output_line(log: Path) -> str:
+    """The run's last line of its own output (not ar's notes): the crash reason's context, read from the log
+    so that every executor gives the same."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(lines) if ln.strip() and not ln.startswith("[ar]")), "")
 
 
 def _safe_knobs(path: Path) -> dict:
