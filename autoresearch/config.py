@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .layout import NOISE
 
 PROPOSERS = ("agent", "grid", "random", "strategy")
 HOOK_EVENTS = ("run_started", "run_finished", "kept", "reverted", "crashed", "loop_finished")
@@ -79,7 +80,7 @@ class RunConfig:
         """The keep threshold and where it came from: config, noise.json or the default."""
         if self.noise is not None:
             return self.noise, "config"
-        f = tag_dir / "noise.json"
+        f = Path(tag_dir) / NOISE
         if f.exists():
             import json
             try:

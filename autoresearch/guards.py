@@ -20,12 +20,12 @@ from pathlib import Path
 from . import faults
 from .errors import GitError
 from .knobs import parse_source
+from .layout import BOOKKEEPING, STATUS
 from .gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_CACHE", "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE",
               "AR_GPUS_FILE", "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS")
 RUNNER_FIELDS = ("time_budget", "seed", "tok_dir", "checkpoint_dir", "untimed_steps")
-BOOKKEEPING = ("results.tsv", "queue.jsonl", "hooks.jsonl", "noise.json", "meta.json")
 
 
 @dataclass
@@ -43,7 +43,7 @@ def _runs_files(tag_dir: Path) -> dict[str, tuple[int, int]]:
     out = {}
     if tag_dir.is_dir():
         for f in tag_dir.rglob("*"):
-            if f.is_file() and f.name != "status.json":
+            if f.is_file() and f.name != STATUS:
                 st = f.stat()
                 out[str(f.relative_to(tag_dir))] = (st.st_size, st.st_mtime_ns)
     return out

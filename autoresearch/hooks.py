@@ -28,7 +28,7 @@ from typing import Callable
 
 from . import faults
 from .errors import ConfigError
-from .ledger import append_line, now_iso
+from .ledger import append_line, is_json_object, now_iso
 from .runner import stop_processes
 
 _logger = logging.getLogger(__name__)
@@ -48,13 +48,6 @@ def _env_value(v) -> str:
     if hasattr(v, "value"):  # an Enum such as ledger.Status
         return str(v.value)
     return str(v)
-
-
-def _is_json_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
 
 
 class Hooks:
@@ -99,7 +92,7 @@ class Hooks:
     def _record(self, entry: dict) -> None:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         append_line(self.journal, json.dumps(entry, separators=(",", ":"), default=str) + "\n",
-                    is_whole=_is_json_object, warn=self._log)
+                    is_whole=is_json_object, warn=self._log)
 
     def fired(self, event: str, key: str) -> bool:
         """Whether every command for (event, key) has been started already."""

@@ -26,6 +26,7 @@ from typing import Callable
 
 from . import faults
 from .errors import ArError
+from .layout import TagLayout
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,14 @@ def read_results(path: Path, *, warn: Warn | None = None) -> list[Row]:
 
 # ----------------------------------------------------------------------------------------- durable append
 
+def is_json_object(line: str) -> bool:
+    """Whether a journal line (queue.jsonl, hooks.jsonl) is whole: one JSON object."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -333,7 +342,8 @@ class Ledger:
 
     def __init__(self, tag_dir: Path, *, warn: Warn | None = None):
         self.tag_dir = Path(tag_dir)
-        self.path = self.tag_dir / "results.tsv"
+        self.paths = TagLayout(self.tag_dir)
+        self.path = self.paths.results
         self._warn_cb = warn or log.warning
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -396,6 +406,6 @@ class Ledger:
 
     def exp_dir(self, exp_id: int, commit: str) -> Path:
         """runs/<tag>/<NNNN>-<sha7>/, created. An experiment with no commit (rejected) gets NNNN-none."""
-        d = self.tag_dir / f"{int(exp_id):04d}-{commit[:7] or 'none'}"
+        d = self.paths.exp_dir(exp_id, commit)
         d.mkdir(parents=True, exist_ok=True)
         return d

@@ -52,6 +52,7 @@ from .harness.env import default_cache, resolve_profile
 from .hooks import Hooks
 from .knobs import read_knobs, set_knobs
 from .ledger import Ledger, Row, Status, now_iso
+from .layout import RunsLayout
 from .lock import RepoLock
 from .metrics import DegradedWatch, StepPoint, parse_log_file, parse_step, recompute_mfu
 from .proposers import Context, Proposal, ProposalFailed, Proposer
@@ -112,7 +113,8 @@ class Loop:
         self.root = self.git.root
         self.tag = check_tag(tag or default_tag())
         self.branch = branch_name(self.tag)
-        self.tag_dir = self.root / "runs" / self.tag
+        self.paths = RunsLayout(self.root).tag(self.tag)
+        self.tag_dir = self.paths.dir
         self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
         self._emit = on_event or (lambda e: None)
         if cfg.noise is not None:   # a configured threshold is the user's call: nothing to calibrate
@@ -122,7 +124,7 @@ class Loop:
             raise ConfigError("--calibrate-noise K needs K >= 2 runs of the baseline to measure a spread")
         self.profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
         self.eval_tokens = cfg.eval_tokens or self.profile.eval_tokens
-        self._lock = RepoLock(self.root / "runs" / ".ar.lock", tag=self.tag, command=command)
+        self._lock = RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
         self._open = False
         self._peak_warned: set[str] = set()
         self._status_doc: dict = {}
@@ -200,8 +202,8 @@ class Loop:
         self.tag_dir.mkdir(parents=True, exist_ok=True)
         warn = lambda m: self.say(m, "warn")  # noqa: E731
         self.ledger = Ledger(self.tag_dir, warn=warn)
-        self.queue = ExperimentQueue(self.tag_dir / "queue.jsonl", warn=warn)
-        self.hooks = Hooks(self.cfg.hooks, self.tag_dir / "hooks.jsonl", timeout=self.cfg.hook_timeout,
+        self.queue = ExperimentQueue(self.paths.queue, warn=warn)
+        self.hooks = Hooks(self.cfg.hooks, self.paths.hooks, timeout=self.cfg.hook_timeout,
                            cwd=self.root, log=warn)
         rows = self.ledger.rows()
         recorded = {r.exp_id: r for r in rows if r.exp_id is not None}
@@ -252,7 +254,7 @@ class Loop:
         else:
             self.git.ensure_clean()
         created = self.git.checkout_branch(self.tag)
-        meta = self.tag_dir / "meta.json"
+        meta = self.paths.meta
         settings = self._comparable()
         if created or not meta.exists():
             head = self.git.head_sha()
@@ -317,7 +319,7 @@ class Loop:
                                      "calibrate": True, "description": "noise calibration: baseline again"})
         if missing or queued or baseline_pending:
             self.say(f"noise calibration: {k} runs of the baseline ({have} done, {missing + len(queued)} queued)")
-        elif not (self.tag_dir / "noise.json").exists():  # ar stopped between the last run and writing the file
+        elif not self.paths.noise.exists():  # ar stopped between the last run and writing the file
             self._finish_calibration()
 
     def _base_values(self) -> list[float]:
@@ -395,8 +397,8 @@ class Loop:
         ctx = self._contexts.get(slot.index)
         if ctx is None:
             git = self.executor.worktree(self, slot)
-            log = self.tag_dir.parent / ".work" / f"{self.tag}-evaluator-{slot.index}.log"
-            ctx = SlotContext(slot, git, dict(slot.env), evaluate.Server(log, slot.env), separate=git is not self.git)
+            server = evaluate.Server(self.paths.evaluator_log(slot.index), slot.env)
+            ctx = SlotContext(slot, git, dict(slot.env), server, separate=git is not self.git)
             self._contexts[slot.index] = ctx
         return ctx
 
@@ -664,7 +666,7 @@ class Loop:
                 guards.undo_run_changes(ctx.git, guard, scratch)
             return changed
 
-        trial = run_trial(req, ctx.git, work_root=self.tag_dir.parent / ".work" / f"{self.tag}-{x.spec.id:04d}",
+        trial = run_trial(req, ctx.git, work_root=self.paths.workspace(x.spec.id),
                           exp_dir=x.exp_dir, manifest=self.fingerprint.eval_files, fingerprint=self.fingerprint,
                           on_line=on_line, allowance=self.allowance, after_run=after_run, server=ctx.server)
         self.take(x, trial)
@@ -796,7 +798,7 @@ class Loop:
             self.say("noise calibration: fewer than 2 clean runs of the baseline; threshold unchanged", "warn")
             return
         noise = noise_from_repeats(values)
-        _write_json(self.tag_dir / "noise.json", {"noise": noise, "values": values, "commit": self.base_sha,
+        _write_json(self.paths.noise, {"noise": noise, "values": values, "commit": self.base_sha,
                                                   "written_at": now_iso()})
         if self.cfg.noise is None:
             self.noise = noise
@@ -830,7 +832,7 @@ class Loop:
                    knobs=x.knobs, reason=reason, started_at=x.started_at)
 
     def exp_dir_of(self, row: Row) -> Path:
-        return self.tag_dir / f"{row.exp_id:04d}-{row.commit or 'none'}"
+        return self.paths.exp_dir(row.exp_id, row.commit)
 
     def _fire(self, row: Row) -> None:
         events = []
@@ -899,7 +901,7 @@ class Loop:
                                                  "exp_id": best.exp_id, "description": best.description}
         doc["updated_at"] = now_iso()
         try:
-            _write_json(self.tag_dir / "status.json", doc)
+            _write_json(self.paths.status, doc)
         except OSError:
             pass  # the live view is best-effort; the ledger is what counts
 
@@ -922,7 +924,7 @@ class SlotContext:
 
     def guard_dir(self, tag: str) -> Path:
         """runs/<tag> in this slot's tree: what the guards watch (a worktree's own, not the ledger's)."""
-        return self.root / "runs" / tag
+        return RunsLayout(self.root).tag(tag).dir
 
 
 def _slot_doc(slot: Slot) -> dict:

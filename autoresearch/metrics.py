@@ -9,7 +9,6 @@ runner times the run with its own clock.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import asdict, dataclass, field

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .ledger import LedgerError, append_line, now_iso
+from .ledger import LedgerError, append_line, is_json_object, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +29,6 @@ class Spec:
     id: int
     kind: str
     payload: dict
-
-
-def _is_json_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
 
 
 class ExperimentQueue:
@@ -97,7 +90,7 @@ class ExperimentQueue:
     def _append(self, event: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(event, separators=(",", ":")) + "\n"
-        append_line(self.path, line, is_whole=_is_json_object, warn=self._warn)
+        append_line(self.path, line, is_whole=is_json_object, warn=self._warn)
 
     def add(self, kind: str, payload: dict) -> Spec:
         if kind not in KINDS:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import ArError, ConfigError
+from .layout import RESULTS, RunsLayout
 from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, show_number, show_value, status_of
 
@@ -32,8 +33,7 @@ class Section:
 
 def find_tags(repo: str | Path) -> list[str]:
     """Tags under runs/ that have a results.tsv, newest first."""
-    runs = Path(repo) / "runs"
-    found = [p for p in runs.glob("*/results.tsv") if p.is_file()] if runs.is_dir() else []
+    found = RunsLayout(Path(repo)).tags_with(RESULTS)
     found.sort(key=lambda p: (p.stat().st_mtime, p.parent.name), reverse=True)
     return [p.parent.name for p in found]
 
@@ -43,7 +43,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=
     results. A corrupt line of results.tsv is named through `warn` and skipped, as `ar run` and `ar status` do."""
     from .ledger import read_results
 
-    runs = Path(repo) / "runs"
+    runs = RunsLayout(Path(repo)).runs
     if tag and all_tags:
         raise ConfigError("--tag and --all exclude each other; pass one")
     if tag:
@@ -59,7 +59,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=
                       "repository first")
     rows = []
     for t in tags:
-        path = runs / t / "results.tsv"
+        path = RunsLayout(Path(repo)).tag(t).results
         if not path.is_file():
             others = find_tags(repo)
             raise ArError(f"no results for tag {t!r}: {path} does not exist; "
@@ -95,7 +95,7 @@ def run_spec(repo: str | Path, row) -> dict:
         return {}
     try:
         import json
-        return json.loads((Path(repo) / "runs" / row.tag / f"{int(row.exp_id):04d}-{row.commit[:7]}" /
+        return json.loads((RunsLayout(Path(repo)).tag(row.tag).exp_dir(row.exp_id, row.commit) /
                            "spec.json").read_text())
     except (OSError, ValueError):
         return {}

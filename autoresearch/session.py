@@ -15,6 +15,7 @@ from .config import RunConfig
 from .errors import ConfigError, DataError
 from .gitops import GitRepo
 from .harness.env import default_cache
+from .layout import STATUS, RunsLayout
 from .ledger import Ledger, Status
 from .lock import read_holder
 from .loop import Event, Loop
@@ -56,21 +57,21 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
 def read_status(repo: str | Path) -> dict:
     """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far."""
     root = GitRepo(repo).root
-    runs = root / "runs"
-    holder = read_holder(runs / ".ar.lock") if (runs / ".ar.lock").exists() else None
+    runs = RunsLayout(root)
+    holder = read_holder(runs.lock) if runs.lock.exists() else None
     tag = holder.get("tag") if holder else None
     if not tag:
-        docs = sorted(runs.glob("*/status.json"), key=lambda p: p.stat().st_mtime) if runs.is_dir() else []
+        docs = sorted(runs.tags_with(STATUS), key=lambda p: p.stat().st_mtime)
         tag = docs[-1].parent.name if docs else None
     out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
     if tag is None:
         return out
-    f = runs / tag / "status.json"
+    f = runs.tag(tag).status
     try:
         out["status"] = json.loads(f.read_text())
     except (OSError, ValueError):
         pass
-    rows = Ledger(runs / tag).rows()
+    rows = Ledger(runs.tag(tag).dir).rows()
     best = min((r for r in rows if r.status is Status.KEEP and r.val_bpb is not None), key=lambda r: r.val_bpb,
                default=None)
     out["best"] = best.to_dict() if best else None

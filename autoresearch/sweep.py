@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .layout import QUEUE, RESULTS, RunsLayout, TagLayout
 from .sweepfile import (FINISHED_STATUSES, EarlyStop, Plan, Point, _num, describe, point_states, rows_by_point,
                         show_number, status_of)
 
@@ -167,9 +168,9 @@ class EarlyStopper:
         from .ledger import read_results
 
         out = []
-        for r in read_results(self.tag_dir / "results.tsv"):
+        for r in read_results(self.tag_dir / RESULTS):
             if status_of(r) in FINISHED_STATUSES and _num(r.time_budget) == _num(budget) and r.exp_id is not None:
-                curve = self.curve(self.tag_dir / f"{int(r.exp_id):04d}-{r.commit[:7]}" / "train.log")
+                curve = self.curve(TagLayout(self.tag_dir).exp_dir(r.exp_id, r.commit) / "train.log")
                 if curve:
                     out.append(curve)
         return out
@@ -221,7 +222,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     git = GitRepo(p.repo)
     if not git.branch_exists(p.tag):   # nothing touches the repo before its lock is held (an `ar run` may own it)
         from .lock import RepoLock
-        with RepoLock(git.root / "runs" / ".ar.lock", tag=p.tag, command=command):
+        with RepoLock(RunsLayout(git.root).lock, tag=p.tag, command=command):
             git.ensure_clean()
             git.repo.create_head(branch_name(p.tag), p.base)
     monitor = EarlyStopper(p.tag_dir, p.sweep.early_stop) if early_stop else None
@@ -276,7 +277,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     if ok and validate_top > 0:
         drain()
     from .ledger import read_results
-    rows = read_results(p.tag_dir / "results.tsv")
+    rows = read_results(p.tag_dir / RESULTS)
     done = [r for r in rows_by_point(p.points, rows, p.base).values() if _val(r) is not None]
     result.best = min(done, key=lambda r: r.val_bpb) if done else None
     if validate_top > 0:
@@ -287,7 +288,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
 
 def _pending(p: Plan) -> list:
     from .queue import ExperimentQueue
-    return ExperimentQueue(p.tag_dir / "queue.jsonl", warn=lambda m: None).pending()
+    return ExperimentQueue(p.tag_dir / QUEUE, warn=lambda m: None).pending()
 
 
 def _enqueue_validation(p: Plan, lp, k: int) -> None:

@@ -34,6 +34,7 @@ import yaml
 
 from .errors import ConfigError, GitError
 from .knobs import safe_eval
+from .layout import META, RESULTS, RunsLayout
 
 RUNNER_KNOBS = ("TIME_BUDGET",)
 ORDERS = ("listed", "cheap-first")
@@ -427,7 +428,7 @@ class Plan:
 
     @property
     def tag_dir(self) -> Path:
-        return self.repo / "runs" / self.tag
+        return RunsLayout(self.repo).tag(self.tag).dir
 
     @property
     def todo(self) -> list[Point]:
@@ -466,7 +467,7 @@ def plan(path: str | Path, repo: str | Path, cfg, *, order: str | None = None, r
     git = GitRepo(repo)
     git.ensure_commits()
     name = str(head.get("name") or "")
-    tag_dir = git.root / "runs" / f"sweep-{name or _stem(path)}"
+    tag_dir = RunsLayout(git.root).tag(f"sweep-{name or _stem(path)}").dir
     base = _resolve_base(git, head.get("base"), tag_dir)
     profile = head.get("profile") if head.get("profile") in PROFILES else resolve_profile(cfg.profile).name
     try:
@@ -478,7 +479,7 @@ def plan(path: str | Path, repo: str | Path, cfg, *, order: str | None = None, r
     points = [replace(p, time_budget=p.time_budget if p.time_budget is not None else default_budget,
                       seed=p.seed if p.seed is not None else cfg.seed) for p in expand(sweep)]
     points = order_points(points, order or sweep.order)
-    rows = read_results(tag_dir / "results.tsv")
+    rows = read_results(tag_dir / RESULTS)
     states = point_states(points, rows, base, retry_crashed=retry_crashed)
     if sweep.overhead_s is not None:
         overhead, source = float(sweep.overhead_s), "from the sweep file"
@@ -497,7 +498,7 @@ def _resolve_base(git, base: str | None, tag_dir: Path) -> str:
     import json
 
     try:
-        started = json.loads((tag_dir / "meta.json").read_text())["base"]
+        started = json.loads((tag_dir / META).read_text())["base"]
     except (OSError, ValueError, KeyError, TypeError):
         started = None
     if base is None:

@@ -63,7 +63,7 @@ class LocalExecutor:
 
     def worktree(self, loop, slot: Slot) -> GitRepo:
         """The slot's worktree at the best commit (created on first use)."""
-        path = loop.tag_dir / "worktrees" / f"slot-{slot.index}"
+        path = loop.paths.worktree(slot.index)
         if path.exists():
             try:
                 repo = GitRepo(path)

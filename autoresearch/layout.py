@@ -1,0 +1,85 @@
+"""Every path under a repository's runs/ folder, named once.
+
+    runs/.ar.lock                      the repo lock (who runs, since when)
+    runs/.work/<tag>-<NNNN>/           one experiment's fresh workspace (deleted after its run)
+    runs/.work/<tag>-evaluator-<i>.log the trusted evaluator of slot i
+    runs/<tag>/results.tsv             the ledger: one row per experiment (the commit point)
+    runs/<tag>/queue.jsonl             the durable queue: added, started, done
+    runs/<tag>/hooks.jsonl             which hook fired for what (exactly once)
+    runs/<tag>/meta.json               branch, base commit, the settings results compare under
+    runs/<tag>/noise.json              the calibrated keep threshold
+    runs/<tag>/status.json             the live view (`ar status`)
+    runs/<tag>/<NNNN>-<sha7>/          one experiment's files (train.log, record.json, metrics.json, diff.patch)
+    runs/<tag>/worktrees/slot-<i>/     a local slot's worktree
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNS = "runs"
+RESULTS, QUEUE, HOOKS, META, NOISE, STATUS = (
+    "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "status.json")
+BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META)    # what a run may never change
+
+
+@dataclass(frozen=True)
+class RunsLayout:
+    """runs/ of one repository."""
+
+    root: Path
+
+    @property
+    def runs(self) -> Path:
+        return Path(self.root) / RUNS
+
+    @property
+    def lock(self) -> Path:
+        return self.runs / ".ar.lock"
+
+    @property
+    def work(self) -> Path:
+        return self.runs / ".work"
+
+    def tag(self, tag: str) -> "TagLayout":
+        return TagLayout(self.runs / tag)
+
+    def tags_with(self, name: str) -> list[Path]:
+        """runs/*/<name> files that exist (the tags that have results, a status…)."""
+        return [p for p in self.runs.glob(f"*/{name}") if p.is_file()] if self.runs.is_dir() else []
+
+
+@dataclass(frozen=True)
+class TagLayout:
+    """runs/<tag>/ and the scratch files of its experiments (in runs/.work beside it)."""
+
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def work(self) -> Path:
+        return self.dir.parent / ".work"
+
+    results = property(lambda self: self.dir / RESULTS)
+    queue = property(lambda self: self.dir / QUEUE)
+    hooks = property(lambda self: self.dir / HOOKS)
+    meta = property(lambda self: self.dir / META)
+    noise = property(lambda self: self.dir / NOISE)
+    status = property(lambda self: self.dir / STATUS)
+
+    def exp_dir(self, exp_id: int, commit: str) -> Path:
+        """An experiment's folder; `none` until it has a commit."""
+        return self.dir / f"{int(exp_id):04d}-{commit[:7] or 'none'}"
+
+    def worktree(self, slot: int) -> Path:
+        return self.dir / "worktrees" / f"slot-{slot}"
+
+    def workspace(self, exp_id: int) -> Path:
+        return self.work / f"{self.name}-{int(exp_id):04d}"
+
+    def evaluator_log(self, slot: int) -> Path:
+        return self.work / f"{self.name}-evaluator-{slot}.log"
