@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-RUNS = "runs"
+from .gitops import RUNS_DIR as RUNS                    # the folder git is told to ignore
 RESULTS, QUEUE, HOOKS, META, NOISE, STATUS = (
     "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "status.json")
 BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META)    # what a run may never change

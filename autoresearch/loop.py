@@ -70,7 +70,6 @@ from .runner import STOP_INTERRUPTED
 from .scheduler import Outcome, Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
-FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)
 DIFF_CAP = 1 << 20
 TAIL_LINES = 64
 MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again

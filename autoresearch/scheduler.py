@@ -29,6 +29,9 @@ from .ledger import Row, Status, now_iso
 from .runner import STOP_INTERRUPTED
 
 
+FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)    # in a row, these stop the loop
+
+
 def make_executor(cfg: RunConfig):
     """The executor for cfg.gpus / cfg.executor: the repo itself when neither names slots."""
     if cfg.executor == "ray":
@@ -123,7 +126,7 @@ class Scheduler:
         lp = self.loop
         self.n += 1
         self.kept += row.status is Status.KEEP
-        if row.status in (Status.CRASH, Status.TIMEOUT, Status.REJECTED):
+        if row.status in FAILURES:
             self.failures += 1
         elif row.status in (Status.KEEP, Status.DISCARD):
             self.failures = 0
