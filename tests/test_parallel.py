@@ -123,16 +123,17 @@ def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
     from autoresearch.proposers.agent import AgentProposer
     from test_loop import AGENTS
     root = make_repo(tmp_path)
-    # 2 (slow) wins first; 3 (fast) beats it from the baseline; 4 goes into 3's freed slot and loses
+    # 2 (slow) wins first; 3 (fast) beats it from the baseline; 4 goes into 3's freed slot and loses, slowly
+    # enough to still be running when 2 settles, so the freed slot takes the replay (not a 5th agent proposal)
     edits = {"2": {"TOTAL_BATCH_SIZE": "2**18", "START_DELAY": "2.5"}, "3": {"TOTAL_BATCH_SIZE": "2**17"},
-             "4": {"LR_MULT": "1.5"}}
+             "4": {"LR_MULT": "1.5", "START_DELAY": "6"}}
     agent = " ".join(shlex.quote(a) for a in (sys.executable, str(AGENTS / "by_experiment.py"), json.dumps(edits),
                                               "{prompt_file}"))
     with ParallelLoop(cfg(gpus="cpu:2"), root, "t", AgentProposer(agent, timeout=30)) as lp:
         s = lp.run(max_experiments=5)
     rows = assert_consistent(root)
     assert [(r.exp_id, r.status.value) for r in rows] == [
-        (1, "keep"), (2, "keep"), (3, "stale"), (4, "discard"), (5, "keep")], s
+        (1, "keep"), (2, "keep"), (3, "stale"), (4, "discard"), (5, "keep")], [(r.status.value, r.reason) for r in rows]
     assert "re-run on top of it as experiment 0005" in rows[2].reason
     assert rows[4].parent == rows[1].commit and rows[4].val_bpb == pytest.approx(rows[2].val_bpb, abs=1e-5)
     text = GitRepo(root).file_at(GitRepo(root).head_sha(), "train.py")
