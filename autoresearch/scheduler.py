@@ -18,7 +18,7 @@ import concurrent.futures as cf
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
@@ -27,6 +27,8 @@ from .errors import ArError, ConfigError
 from .executors import Slot, parse_gpus
 from .ledger import Row, Status, now_iso
 from .runner import STOP_INTERRUPTED
+from .experiment import prepare, settle
+from .experiment.context import Outcome
 
 
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)    # in a row, these stop the loop
@@ -50,20 +52,10 @@ def make_executor(cfg: RunConfig):
 class Flight:
     """One dispatched experiment: its slot, its future (the slot's outcome), and when that finished."""
 
-    x: object               # loop._Exp
+    x: object               # experiment.context.Experiment
     slot: Slot
     future: cf.Future
     finished_at: float = 0.0
-
-
-@dataclass
-class Outcome:
-    """What a slot hands back for settling: ran (with its run), rejected, missing (commit gone), skipped (the
-    proposer had nothing) or interrupted (a stop came before its run started)."""
-
-    kind: str
-    reason: str = ""
-    run: tuple = field(default_factory=tuple)    # (result, failure status or None, reason, metrics, budget, seed)
 
 
 class Stop(Exception):
@@ -164,10 +156,10 @@ class Scheduler:
                 continue
             slot = self.free.pop(0)
             ctx = lp.slot_context(slot)
-            flight = Flight(x, slot, pool.submit(lp.prepare_and_run, ctx, x))
+            flight = Flight(x, slot, pool.submit(prepare.prepare_and_run, lp, ctx, x))
             flight.future.add_done_callback(lambda _f, fl=flight: setattr(fl, "finished_at", time.time()))
             self.flights.append(flight)
-            lp.status_exp(ctx, x, "proposing")
+            lp.status.exp(ctx, x, "proposing")
         return ""
 
     def _wait(self) -> None:
@@ -180,7 +172,7 @@ class Scheduler:
                     g.slot == f.slot and not g.future.done() for g in self.flights):
                 self.free.append(f.slot)
                 self.free.sort(key=lambda s: s.index)
-                self.loop.status_idle(f.slot)
+                self.loop.status.idle(f.slot)
 
     def _settle(self, f: Flight) -> Row | None:
         """Decide and record one finished experiment (None: nothing was recorded, the proposer had nothing)."""
@@ -192,26 +184,26 @@ class Scheduler:
             if isinstance(e, OSError):
                 raise file_error(e) from e
             lp.git.reset_hard(lp.best_sha)
-            return lp.record(x, lp.row(x, Status.CRASH, reason=f"the slot failed: {type(e).__name__}: {e}"))
+            return settle.record(lp, x, settle.make_row(lp, x, Status.CRASH, reason=f"the slot failed: {type(e).__name__}: {e}"))
         ran = out.run if out.kind == "ran" else None
         try:
             if out.kind == "interrupted" or (self.interrupted_at and f.finished_at >= self.interrupted_at) or (
                     ran and ran[0].stop_reason == STOP_INTERRUPTED):
                 if ran:
                     x.time_budget, x.seed = ran[4], ran[5]
-                return lp.interrupted(x, ran[3] if ran else None)
+                return settle.interrupted(lp, x, ran[3] if ran else None)
             if out.kind == "skipped":
                 lp.queue.done(x.spec.id, "skipped")
                 return None
             if out.kind == "missing":
-                return lp.record(x, lp.row(x, Status.VALIDATION, reason=out.reason))
+                return settle.record(lp, x, settle.make_row(lp, x, Status.VALIDATION, reason=out.reason))
             if out.kind == "rejected":
-                return lp.record(x, lp.row(x, Status.REJECTED, reason=out.reason))
+                return settle.record(lp, x, settle.make_row(lp, x, Status.REJECTED, reason=out.reason))
             result, status, reason, m, budget, seed = ran
-            stale = lp.stale_win(x, status, m)
+            stale = settle.stale_win(lp, x, status, m)
             if stale:
-                return lp.record_stale(x, m, budget, seed, stale)
-            return lp.decide_and_record(x, result, status, reason, m, budget, seed)
+                return settle.record_stale(lp, x, m, budget, seed, stale)
+            return settle.decide_and_record(lp, x, result, status, reason, m, budget, seed)
         except OSError as e:   # a full or read-only disk under runs/, most often: stop, say so in one line
             raise file_error(e) from e
 

@@ -49,7 +49,7 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.profile == "auto":
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
-        say(f"{what}: {loop.profile.name} profile ({loop._budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
+        say(f"{what}: {loop.profile.name} profile ({loop.budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
     ensure_data(cfg, loop.profile, say)
     return loop
 

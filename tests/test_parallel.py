@@ -130,7 +130,7 @@ def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
     agent = " ".join(shlex.quote(a) for a in (sys.executable, str(AGENTS / "by_experiment.py"), json.dumps(edits),
                                               "{prompt_file}"))
     with ParallelLoop(cfg(gpus="cpu:2"), root, "t", AgentProposer(agent, timeout=30)) as lp:
-        s = lp.run(max_experiments=5)
+        lp.run(max_experiments=5)
     rows = assert_consistent(root)
     assert [(r.exp_id, r.status.value) for r in rows] == [
         (1, "keep"), (2, "keep"), (3, "stale"), (4, "discard"), (5, "keep")], [(r.status.value, r.reason) for r in rows]

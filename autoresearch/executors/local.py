@@ -11,12 +11,22 @@ beside the repo lock, so two loops never share a GPU.
 from __future__ import annotations
 
 import shutil
+import time
+from collections import deque
 
+from .. import faults, guards
 from ..errors import GitError
 from ..gitops import GitRepo
 from ..harness.env import default_cache
+from ..ledger import Status
 from ..lock import RepoLock, gpu_lock_path
+from ..metrics import DegradedWatch, parse_step
+from ..experiment import settle
+from ..experiment.context import Event, Experiment, SlotContext
+from ..experiment.trial import run_trial
 from . import Slot
+
+TAIL_LINES = 64     # the run's last output lines, kept for a log the size cap cut short
 
 
 class InlineExecutor:
@@ -34,7 +44,7 @@ class InlineExecutor:
         return loop.git
 
     def train(self, loop, ctx, x, budget: float, seed: int):
-        return loop.train_here(ctx, x, budget, seed)
+        return train_here(loop, ctx, x, budget, seed)
 
     def close(self) -> None:
         pass
@@ -78,7 +88,7 @@ class LocalExecutor:
         return GitRepo(path)
 
     def train(self, loop, ctx, x, budget: float, seed: int):
-        return loop.train_here(ctx, x, budget, seed)
+        return train_here(loop, ctx, x, budget, seed)
 
     def close(self) -> None:
         for lock in reversed(self._locks):
@@ -91,3 +101,56 @@ def clean_worktree(repo: GitRepo, sha: str) -> None:
     repo.clear_stale_index_lock()
     repo.reset_hard(sha)
     repo._git("clean", "-fdq")
+
+
+def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int):
+    """Step 5 on this machine (the local executors' train): train in a fresh sandboxed workspace on ar's
+    clock, then the slot's trusted evaluator scores the checkpoint. Returns (run result, the status that
+    stopped it early or None)."""
+    req = lp.request(ctx, x, budget, seed)
+    watch = (DegradedWatch(min_mfu=lp.cfg.min_mfu, min_tokens_per_s=lp.cfg.min_tokens_per_s,
+                           warmup_steps=lp.cfg.degraded_warmup_steps, patience=lp.cfg.degraded_patience)
+             if lp.cfg.min_mfu is not None or lp.cfg.min_tokens_per_s is not None else None)
+    monitor = lp.monitor_factory(x.spec) if lp.monitor_factory and x.spec.kind != "rerun" else None
+    stopped_by: list[Status] = []
+    x.tail = deque(maxlen=TAIL_LINES)
+    lp.status.exp(ctx, x, "training", budget=budget)
+
+    def on_line(line: str) -> str | None:
+        x.tail.append(line)
+        p = parse_step(line) if line.startswith("step ") else None
+        if p is None:
+            return None
+        lp.emit(Event("step", spec=x.spec, step=p, time_budget=budget))
+        faults.point("train")
+        lp.status.step(ctx, p)
+        for status, check in ((Status.DEGRADED, watch and watch.feed), (Status.PRUNED, monitor)):
+            why = check(p) if check else None
+            if why:
+                stopped_by.append(status)
+                return why
+        return None
+
+    x.t_run = time.time()
+    scratch = ctx.guard_dir(lp.tag)  # a slot's own copy in its worktree, else the ledger's folder
+    guard = guards.watch_run(ctx.git, scratch)
+
+    def after_run() -> str | None:
+        changed = guards.run_changes(ctx.git, guard, scratch, x.exp_dir.name)
+        if changed:  # put .git and the records back before anything reads them
+            guards.undo_run_changes(ctx.git, guard, scratch)
+        return changed
+
+    trial = run_trial(req, ctx.git, work_root=lp.paths.workspace(x.spec.id),
+                      exp_dir=x.exp_dir, manifest=lp.fingerprint.eval_files, fingerprint=lp.fingerprint,
+                      on_line=on_line, allowance=lp.allowance, after_run=after_run, server=ctx.server)
+    settle.take(lp, x, trial)
+    out = trial.outcome
+    if x.verdict.holdout_bpb is not None:
+        settle.keep_private(lp, x, x.verdict.holdout_bpb)
+    result = out.result
+    if result.log_truncated:  # the cap dropped the end of the output: keep its last lines (the summary)
+        with open(result.log_path, "a", encoding="utf-8", errors="replace") as f:
+            tail = "".join(ln[:400] + "\n" for ln in x.tail)
+            f.write(f"[ar] the last {len(x.tail)} lines of the output:\n{tail}")
+    return result, (stopped_by[0] if stopped_by else None)

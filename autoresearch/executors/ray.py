@@ -31,6 +31,7 @@ from ..errors import ConfigError, GitError
 from ..gitops import short
 from ..harness import logfmt
 from ..metrics import parse_step
+from ..experiment import settle
 from ..runner import RunResult
 from . import Slot, parse_gpus
 
@@ -188,14 +189,14 @@ class RayExecutor:
             return (Path(d) / "b").read_bytes()
 
     def train(self, loop, ctx, x, budget: float, seed: int):
-        """Loop.train_here on the cluster: the same trial on a worker; its files land in x.exp_dir."""
+        """local.train_here on the cluster: the same trial on a worker; its files land in x.exp_dir."""
         ray = _ray()
         req = loop.request(ctx, x, budget, seed)
         try:
             bundle = ray.put(self._bundle(ctx.git, x.sha, x.spec.id))
         except GitError as e:
             return self._failed(x, f"could not bundle {short(x.sha)}: {e}"), None
-        loop.status_exp(ctx, x, "training", budget=budget)
+        loop.status.exp(ctx, x, "training", budget=budget)
         x.t_run = 0.0
         for attempt in range(1, MAX_LOSSES + 1):
             ref = self._remote.remote(bundle, req, loop.fingerprint.eval_files, loop.allowance)
@@ -230,16 +231,16 @@ class RayExecutor:
             f.write(f"[ar] ran on Ray node {out['node']}\n".encode())
         trial = out["trial"]
         trial.outcome.result.log_path = log
-        loop.take(x, trial)
+        settle.take(loop, x, trial)
         if trial.verdict.holdout_bpb is not None:
-            loop.keep_private(x, trial.verdict.holdout_bpb)
-        loop.status_slot(ctx.slot, node=out["node"])
+            settle.keep_private(loop, x, trial.verdict.holdout_bpb)
+        loop.status.slot(ctx.slot, node=out["node"])
         return trial.outcome.result, None
 
     @staticmethod
     def _follow(loop, ctx, x, gen, budget: float) -> dict:
         """Read a task's stream: step lines to the live view and status.json, then its final result."""
-        from ..loop import Event
+        from ..experiment.context import Event
         ray = _ray()
         for ref in gen:
             item = ray.get(ref)
@@ -247,8 +248,8 @@ class RayExecutor:
                 return item["final"]
             p = parse_step(item["step"])
             if p is not None:
-                loop._emit(Event("step", spec=x.spec, step=p, time_budget=budget))
-                loop.status_step(ctx, p, node=item["node"])
+                loop.emit(Event("step", spec=x.spec, step=p, time_budget=budget))
+                loop.status.step(ctx, p, node=item["node"])
         raise RuntimeError("the Ray task ended without a result")
 
     @staticmethod

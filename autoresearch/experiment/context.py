@@ -1,0 +1,104 @@
+"""What the loop tells its caller (`Event`), what one experiment carries through its steps (`Experiment`), where a slot works (`SlotContext`), and what a
+slot hands back for settling (`Outcome`). Plain data: every step reads and fills these, none owns them."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ArError
+from ..executors import Slot
+from ..gitops import GitRepo
+from ..knobs import read_knobs
+from ..layout import RunsLayout
+from ..ledger import Row
+from ..metrics import StepPoint
+from ..queue import Spec
+from . import evaluate, execute
+
+
+@dataclass
+class Event:
+    """What the loop tells its caller: `info`/`warn` lines, `start` of an experiment, live `step`s, its `result`."""
+
+    kind: str
+    message: str = ""
+    spec: Spec | None = None
+    step: StepPoint | None = None
+    row: Row | None = None
+    time_budget: float | None = None
+
+
+@dataclass
+class Experiment:
+    """One experiment in flight."""
+
+    spec: Spec
+    parent: str
+    started_at: str
+    stage: Path                      # runs/<tag>/<NNNN>-none: the proposal's files until there is a commit
+    sha: str = ""
+    description: str = ""
+    changed: list[str] = field(default_factory=list)
+    knobs: dict = field(default_factory=dict)
+    time_budget: float | None = None
+    seed: int | None = None
+    exp_dir: Path | None = None
+    mfu: float | None = None
+    tail: deque = field(default_factory=deque)  # the run's last output lines
+    val_bpb: float | None = None     # set only when the run counted (clean exit, summary, record confirmed)
+    t_run: float = 0.0
+    wall: float = 0.0
+    row: Row | None = None           # set once the ledger has the row
+    tampered: str | None = None      # what the run changed that it must not (.git, runs/, harness, data)
+    outcome: execute.TrainOutcome | None = None   # ar's clock on the run
+    verdict: evaluate.Verdict | None = None       # the trusted evaluator's record
+    has_checkpoint: bool = False
+
+
+@dataclass
+class SlotContext:
+    """Where one slot works: its tree (the repo itself, or a worktree of its own), the environment its runs
+    get (CUDA_VISIBLE_DEVICES), its trusted evaluator server."""
+
+    slot: Slot
+    git: GitRepo
+    env: dict[str, str]
+    server: evaluate.Server
+    separate: bool                   # a worktree of its own (reset before each experiment)
+    status_at: float = 0.0
+
+    @property
+    def root(self) -> Path:
+        return self.git.root
+
+    def guard_dir(self, tag: str) -> Path:
+        """runs/<tag> in this slot's tree: what the guards watch (a worktree's own, not the ledger's)."""
+        return RunsLayout(self.root).tag(tag).dir
+
+
+@dataclass
+class Outcome:
+    """What a slot hands back for settling: ran (with its run), rejected, missing (commit gone), skipped (the
+    proposer had nothing) or interrupted (a stop came before its run started)."""
+
+    kind: str
+    reason: str = ""
+    run: tuple = field(default_factory=tuple)    # (result, failure status or None, reason, metrics, budget, seed)
+
+
+def safe_knobs(path: Path) -> dict:
+    try:
+        return read_knobs(path)
+    except (ArError, OSError):
+        return {}
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Atomically: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)

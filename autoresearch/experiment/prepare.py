@@ -1,0 +1,197 @@
+"""Steps 2-4 of one experiment, in its slot (alongside other slots): the proposal edits the slot's tree (an
+agent, a built-in proposer, a queued knob edit, or a stale win replayed on the new best), the change is checked
+(scope, files, the package and data fingerprint) and committed. The committed experiment then goes to the
+executor (step 5) and is classified (step 6); deciding and recording are the scheduler's, in order.
+
+Every function takes the session (`lp`, a Loop) for its settings and records, the slot it works in (`ctx`)
+and the experiment it fills in (`x`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from .. import faults, guards
+from ..errors import ConfigError, GitError
+from ..gitops import short
+from ..knobs import read_knobs, set_knobs
+from ..ledger import Row, Status
+from ..proposers import Context, Proposal, ProposalFailed
+from ..proposers.search import describe_change
+from ..executors.local import clean_worktree
+from . import settle
+from .context import Experiment, Outcome, SlotContext, safe_knobs, write_json
+
+DIFF_CAP = 1 << 20
+BUILTIN_PROPOSERS = ("grid", "random", "strategy")
+
+
+def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
+    """Steps 2-6 in the slot: prepare (propose or apply knobs, guard, commit), then execute and classify."""
+    spec = x.spec
+    if ctx.separate:
+        clean_worktree(ctx.git, x.parent)
+    if spec.kind == "rerun":
+        p = spec.payload
+        x.seed, x.time_budget = p.get("seed"), p.get("time_budget")
+        try:
+            x.sha = ctx.git.resolve(str(p.get("commit")))
+        except GitError:
+            x.description = f"re-run of {p.get('commit')}"
+            return Outcome("missing", f"commit {p.get('commit')} not found")
+        x.description = p.get("description") or f"re-run of {short(x.sha)} with seed {x.seed}"
+        if ctx.separate:
+            clean_worktree(ctx.git, x.sha)
+        else:
+            ctx.git.checkout_paths(x.sha, ["."])  # only allowed paths differ between experiment commits
+        return _run_committed(lp, ctx, x)
+    if spec.kind == "baseline":
+        x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
+        return _run_committed(lp, ctx, x)
+    snap = guards.snapshot(ctx.git, x.parent, ctx.guard_dir(lp.tag))
+    lp.status.exp(ctx, x, "proposing")
+    if spec.payload.get("replay"):
+        proposal = _replay(ctx, x)
+    else:   # built-in proposers one at a time, each seeing the others' points in flight as tried
+        builtin = lp.proposer is not None and lp.proposer.name in BUILTIN_PROPOSERS
+        with lp.propose_lock if builtin else contextlib.nullcontext():
+            proposal = _propose(lp, ctx, x)                                                # 2
+            if proposal is not None and not isinstance(proposal, str):
+                lp.flying[spec.id] = (safe_knobs(ctx.root / lp.train_file), x.description)
+    faults.point("propose")
+    if proposal is None:
+        return Outcome("skipped")
+    reason = _integrity_after_proposal(lp) or (                                          # 3
+        proposal if isinstance(proposal, str) else _check(lp, ctx, x, snap))
+    if reason or lp.stopping.is_set():
+        try:
+            x.stage.mkdir(parents=True, exist_ok=True)
+            (x.stage / "diff.patch").write_text(ctx.git.diff(x.parent)[:DIFF_CAP])
+        except (GitError, OSError):
+            pass
+        guards.restore(ctx.git, snap, ctx.guard_dir(lp.tag))
+        return Outcome("rejected", reason) if reason else Outcome("interrupted")
+    x.sha = ctx.git.commit([*x.changed] or [lp.train_file], commit_message(x, lp.tag),   # 4
+                           allow_empty=not x.changed)
+    faults.point("commit")
+    return _run_committed(lp, ctx, x)
+
+
+def commit_message(x: Experiment, tag: str) -> str:
+    return f"{x.description or x.spec.kind}\n\nar: tag {tag}, experiment {x.spec.id:04d} ({x.spec.kind})"
+
+
+def _run_committed(lp, ctx: SlotContext, x: Experiment) -> Outcome:
+    if lp.stopping.is_set():      # Ctrl-C came while this one was being prepared: do not start its run
+        return Outcome("interrupted")
+    return Outcome("ran", run=_train_and_classify(lp, ctx, x))
+
+
+def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
+    """Edit the slot's tree for spec x. A str is a reason to reject; None: nothing left to try."""
+    spec = x.spec
+    train = ctx.root / lp.train_file
+    before = read_knobs(train)
+    if spec.kind == "knobs":
+        knobs = spec.payload.get("knobs") or {}
+        x.seed, x.time_budget = spec.payload.get("seed"), spec.payload.get("time_budget")
+        proposal = Proposal(spec.payload.get("description") or describe_change(before, knobs), knobs=knobs)
+    elif lp.proposer is None:
+        return None
+    else:
+        seen = Context(ctx.root, lp.train_file, before, lp.ledger.best_kept(), _rows_in_flight(lp),
+                       spec.id, x.stage, lp.tag, lp.profile, lp.budget(None), lp.eval_tokens, lp.noise,
+                       list(lp.cfg.allowed_paths), _agent_policy(lp))
+        try:
+            proposal = lp.proposer.propose(seen)
+        except ProposalFailed as e:
+            x.description = f"{lp.proposer.name} proposal"
+            return str(e)
+        if proposal is None:
+            return None
+    x.description = proposal.description
+    if proposal.knobs:
+        try:
+            set_knobs(train, proposal.knobs)
+        except ConfigError as e:
+            return str(e)
+    return proposal
+
+
+def _rows_in_flight(lp) -> list[Row]:
+    """The ledger as a proposer sees it: every result, then the proposals still in flight in other slots
+    (no val_bpb, reason `in flight`), so that two slots do not try the same point."""
+    extra = [Row(commit="", val_bpb=None, memory_gb=None, status=Status.DISCARD, exp_id=i,
+                 description=f"(in flight) {desc}", knobs=knobs, reason="in flight")
+             for i, (knobs, desc) in sorted(dict(lp.flying).items())]
+    return lp.ledger.rows() + extra
+
+
+def _agent_policy(lp) -> dict | None:
+    """The agent's sandbox: no reading the dataset (validation text, token bytes) or the private hold-out
+    scores, no changing the installed package; everything else as the user."""
+    if not lp.sandboxed:
+        return None
+    return {"deny": [str(lp.tok_dir.parent), str(settle.private_path(lp).parent)],
+            "read_only": [str(lp.fingerprint.package_dir)], "network": True}
+
+
+def _integrity_after_proposal(lp) -> str | None:
+    """The proposer runs outside the sandbox: did it change the installed package or the data?"""
+    broken = lp.fingerprint.changes()
+    if broken:
+        lp.halted = f"the proposal changed what it may not: {broken}"
+        return lp.halted
+    return None
+
+
+def _check(lp, ctx: SlotContext, x: Experiment, snap: guards.Snapshot) -> str | None:
+    changed, reason = guards.check_scope(ctx.git, snap, lp.cfg.allowed_paths, ctx.guard_dir(lp.tag),
+                                         exclude_prefix=x.stage.name + "/")
+    x.changed = changed
+    if reason:
+        return reason
+    if not changed and x.spec.kind == "propose":
+        return "the proposal changed nothing"
+    return guards.check_files(ctx.git, x.parent, changed)
+
+
+def _replay(ctx: SlotContext, x: Experiment) -> Proposal | str:
+    """A stale win again, on top of the new best: apply the same diff; a str (the reason to reject) when it
+    does not apply."""
+    p = x.spec.payload
+    x.description = p.get("description") or f"replay of {short(p['replay'])}"
+    try:
+        ctx.git._git("cherry-pick", "--no-commit", "--strategy=recursive", "-X", "theirs", p["replay"])
+    except GitError as e:
+        if (ctx.git.git_dir / "CHERRY_PICK_HEAD").exists():
+            ctx.git._git("cherry-pick", "--abort")
+        return f"the change of {short(p['replay'])} does not apply on the new best: {e}"
+    ctx.git._git("reset", "--quiet")          # unstaged, like an agent's edit
+    return Proposal(x.description)
+
+
+def _train_and_classify(lp, ctx: SlotContext, x: Experiment):
+    """Steps 5-6 for a committed experiment: (result, failure status or None, reason, metrics, budget, seed)."""
+    spec = x.spec
+    x.exp_dir = lp.ledger.exp_dir(spec.id, x.sha)
+    if x.stage.exists() and x.stage != x.exp_dir:
+        for f in x.stage.iterdir():
+            os.replace(f, x.exp_dir / f.name)
+        x.stage.rmdir()
+    if x.sha != x.parent and spec.kind != "rerun":
+        ctx.git.keep_ref(lp.tag, spec.id, x.sha)
+        (x.exp_dir / "diff.patch").write_text(ctx.git.diff(x.parent, x.sha)[:DIFF_CAP])
+    x.knobs = safe_knobs(ctx.root / lp.train_file)
+    budget = lp.budget(x.time_budget)
+    seed = lp.cfg.seed if x.seed is None else int(x.seed)
+    write_json(x.exp_dir / "spec.json", {"id": spec.id, "kind": spec.kind, "payload": spec.payload,
+                                         "commit": x.sha, "parent": x.parent, "time_budget": budget,
+                                         "seed": seed, "eval_tokens": lp.eval_tokens,
+                                         "profile": lp.profile.name, "description": x.description})
+    settle.fire_event(lp, "run_started", spec.id, {"tag": lp.tag, "exp_id": spec.id, "commit": short(x.sha),
+                                                   "description": x.description, "time_budget": budget})
+    result, stopped_by = lp.executor.train(lp, ctx, x, budget, seed)                     # 5
+    status, reason, m = settle.classify(lp, ctx, x, result, stopped_by, budget)          # 6
+    return result, status, reason, m, budget, seed
