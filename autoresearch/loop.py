@@ -33,16 +33,17 @@ from typing import Callable
 
 from . import faults
 from .config import RunConfig
-from .errors import ConfigError
+from .errors import ConfigError, DataError
 from .gitops import GitRepo, branch_name, check_tag, default_tag, short
 from .harness import sandbox
+from .harness import data
 from .harness.data import check_prepared
 from .harness.env import default_cache, resolve_profile
 from .hooks import Hooks
 from .integrity import Fingerprint, no_bytecode
 from .knobs import read_knobs
 from .layout import RunsLayout
-from .ledger import Ledger, Row, Status, now_iso
+from .ledger import Ledger, Row, Status, now_iso, read_results
 from .livestatus import LiveStatus, slot_doc
 from .lock import RepoLock
 from .metrics import StepPoint
@@ -82,10 +83,6 @@ class Loop:
         self.executor = executor or make_executor(cfg)
         self.git = GitRepo(repo)
         self.root = self.git.root
-        self.tag = check_tag(tag or default_tag())
-        self.branch = branch_name(self.tag)
-        self.paths = RunsLayout(self.root).tag(self.tag)
-        self.tag_dir = self.paths.dir
         self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
         self.emit = on_event or (lambda e: None)
         if cfg.noise is not None:   # a configured threshold is the user's call: nothing to calibrate
@@ -95,6 +92,11 @@ class Loop:
             raise ConfigError("--calibrate-noise K needs K >= 2 runs of the baseline to measure a spread")
         self.profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
         self.eval_tokens = cfg.eval_tokens or self.profile.eval_tokens
+        self.tag, note = self._pick_tag(tag)
+        self.branch = branch_name(self.tag)
+        self.paths = RunsLayout(self.root).tag(self.tag)
+        self.tag_dir = self.paths.dir
+        self.say(note)
         self._lock = RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
         self._open = False
         self.peak_warned: set[str] = set()
@@ -199,8 +201,23 @@ class Loop:
         self.say(f"keep threshold {self.noise:g} val_bpb ({source})")
         self.status.write(state="running", experiment=None, step=None)
 
+    def _ensure_data(self) -> None:
+        """Prepare `builtin` when it is missing (under the lock: a second `ar run` beside a running one is
+        refused at once, not after minutes of preparing data it cannot use)."""
+        if not self.cfg.prepare_data:
+            return
+        try:
+            data.check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
+        except DataError:
+            if self.cfg.dataset != "builtin":
+                raise
+            self.say(f"no prepared data: preparing the builtin corpus for vocab {self.profile.vocab_size} in "
+                     f"{default_cache()} (once)")
+            data.prepare("builtin", cache=default_cache(), vocab_size=self.profile.vocab_size, progress=self.say)
+
     def _trust(self) -> None:
         """The session's trust anchors: the prepared data, the package and data fingerprint, the sandbox."""
+        self._ensure_data()
         no_bytecode()   # from here on only something foreign changes the installed package's files
         self.tok_dir = check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
         if not getattr(self, "fingerprint", None):
@@ -235,21 +252,57 @@ class Loop:
             self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
                      f"in runs/{self.tag}/")
         else:
-            doc = json.loads(meta.read_text())
-            for key, now in settings.items():
-                was = (doc.get("settings") or {}).get(key, now)
-                if was != now and not (key == "time_budget" and self.command.startswith("ar sweep")):
-                    raise ConfigError(f"tag {self.tag} was run with {key} {was}, this run asks for {now}: their "
-                                      f"results are not comparable; pick a new tag (--tag) or the same {key}")
-            n = len(self.ledger.rows())
-            self.say(f"resuming tag {self.tag} on {self.branch}: {n} result{'s' * (n != 1)} so far")
+            self._refuse_incomparable(self.tag)   # checked at start, again under the lock
         self.base_sha = json.loads(meta.read_text())["base"]
         self._adopt_fix(meta)
 
     def _comparable(self) -> dict:
-        """What must stay the same for a tag's results to compare."""
-        return {"time_budget": self.budget(None), "dataset": self.cfg.dataset, "profile": self.profile.name,
-                "eval_tokens": self.eval_tokens}
+        """What must stay the same for a tag's results to compare (a sweep varies the budget itself)."""
+        out = {"time_budget": self.budget(None), "dataset": self.cfg.dataset, "profile": self.profile.name,
+               "eval_tokens": self.eval_tokens}
+        if self.command.startswith("ar sweep"):
+            del out["time_budget"]
+        return out
+
+    def _differs(self, tag: str) -> tuple[str, str] | None:
+        """(how, which setting) this run's settings differ from those tag was started with; None: they match,
+        or the tag is new."""
+        try:
+            was = json.loads(RunsLayout(self.root).tag(tag).meta.read_text()).get("settings") or {}
+        except (OSError, ValueError):
+            return None
+        for key, now in self._comparable().items():
+            if was.get(key, now) != now:
+                return f"tag {tag} was run with {key} {was[key]}, this run asks for {now}", key
+        return None
+
+    def _refuse_incomparable(self, tag: str) -> None:
+        differs = self._differs(tag)
+        if differs:
+            raise ConfigError(f"{differs[0]}: their results are not comparable; pick a new tag (--tag) or the "
+                              f"same {differs[1]}")
+
+    def _pick_tag(self, asked: str | None) -> tuple[str, str]:
+        """The tag, and the first line to say about it. Asked for by name: that tag (refused here, before any
+        data or lock, when its results would not compare). By default: today's, or the first of today-2,
+        today-3, ... whose settings match, so that a rerun with another budget or dataset starts afresh
+        instead of mixing results that do not compare."""
+        if asked:
+            self._refuse_incomparable(check_tag(asked))
+            return asked, self._tag_line(asked, "")
+        today = default_tag()
+        for i in range(1, 1000):
+            tag = today if i == 1 else f"{today}-{i}"
+            if self._differs(tag) is None:
+                return tag, self._tag_line(tag, "" if i == 1 else f" ({self._differs(today)[0]}: a fresh tag)")
+        raise ConfigError(f"999 tags of today ({today}-N) were run with other settings; pass --tag")
+
+    def _tag_line(self, tag: str, why_new: str) -> str:
+        results = RunsLayout(self.root).tag(tag).results
+        n = len(read_results(results, warn=lambda m: None)) if results.exists() else 0
+        if n or RunsLayout(self.root).tag(tag).meta.exists():
+            return f"resuming tag {tag} ({n} result{'s' * (n != 1)}; branch {branch_name(tag)})"
+        return f"new tag {tag}{why_new}: branch {branch_name(tag)}, results in runs/{tag}/"
 
     def _adopt_fix(self, meta: Path) -> None:
         """Nothing kept yet (a crashed baseline, say) and the user committed a fix on the branch: start from it

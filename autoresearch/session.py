@@ -1,5 +1,5 @@
-"""The session around the loop: what `ar run` builds (proposer, profile, data, each choice said in one
-line), the dataset check before a run, and what `ar status` reads back from runs/<tag>/status.json.
+"""The session around the loop: what `ar run` builds (proposer, profile, each choice said in one line after
+the tag's), and what `ar status` reads back from runs/<tag>/status.json.
 
 The path of one experiment and the loop around it live in loop.py; this module only sets a loop up and
 reads what it left behind.
@@ -12,28 +12,12 @@ from pathlib import Path
 from typing import Callable
 
 from .config import RunConfig
-from .errors import ConfigError, DataError
+from .errors import ConfigError
 from .gitops import GitRepo
-from .harness.env import default_cache
 from .layout import STATUS, RunsLayout
 from .ledger import Ledger, Status
 from .lock import read_holder
 from .loop import Event, Loop
-
-
-def ensure_data(cfg: RunConfig, profile, say: Callable[[str], None]) -> None:
-    """Check the dataset is prepared for the profile's vocabulary; prepare `builtin` when it is missing."""
-    if not cfg.prepare_data:
-        return
-    from .harness.data import check_prepared, prepare
-    cache = default_cache()
-    try:
-        check_prepared(cache, cfg.dataset, profile.vocab_size)
-    except DataError:
-        if cfg.dataset != "builtin":
-            raise
-        say(f"no prepared data: preparing the builtin corpus for vocab {profile.vocab_size} in {cache} (once)")
-        prepare("builtin", cache=cache, vocab_size=profile.vocab_size, progress=say)
 
 
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
@@ -44,13 +28,12 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     if not (Path(repo) / "train.py").exists() and cfg.train_command[-1:] == ["train.py"]:
         raise ConfigError(f"no train.py in {Path(repo).resolve()}; run `ar init DIR` for a workspace, or pass --repo")
     proposer = make_proposer(cfg)
+    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.proposer is None and proposer.name == "strategy":
         say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
-    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.profile == "auto":
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
         say(f"{what}: {loop.profile.name} profile ({loop.budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
-    ensure_data(cfg, loop.profile, say)
     return loop
 
 

@@ -215,7 +215,6 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     from . import config
     from .gitops import GitRepo, branch_name
     from .loop import Event, Loop
-    from .session import ensure_data
 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
     cfg = config.replace(cfg, profile=p.profile)
@@ -250,8 +249,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
         return True
 
     ok = drain()  # what an earlier, interrupted call left queued
-    with loop() as lp:
-        ensure_data(lp.cfg, lp.profile, say)
+    with loop() as lp:   # opening it prepares the data when missing, under the lock
         for group in rounds(p.points, early_stop) if ok else []:
             rows = lp.ledger.rows()
             states = point_states(p.points, rows, p.base, retry_crashed=p.retry_crashed)
