@@ -1,8 +1,8 @@
 """results.tsv and the per-experiment folders under runs/<tag>/.
 
 One row per experiment, tab-separated, upstream's five columns first (commit, val_bpb, memory_gb, status,
-description) and ours after them. A missing number is an empty field, never 0. Columns are only ever added at
-the end: a file with an older header of ours still reads, and the first append to it migrates it (`_migrate`). Each row is a single
+description) and ours after them. A missing number is an empty field, never 0. Columns are read by name, so
+a file with an older header of ours still reads, and the first append to it migrates it (`_migrate`). Each row is a single
 `write` + fsync of a complete line, so a kill leaves either the whole row or a partial last line; the next
 append (or read) notices a partial last line, warns, and drops it rather than gluing it to the next row.
 
@@ -57,8 +57,8 @@ class Status(str, Enum):
 UPSTREAM_COLUMNS = ("commit", "val_bpb", "memory_gb", "status", "description")
 COLUMNS = UPSTREAM_COLUMNS + (
     "exp_id", "tag", "parent", "mfu", "tokens_per_s", "training_seconds", "total_seconds", "num_steps",
-    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "finished_at", "sweep",
-)
+    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "sweep", "finished_at",
+)  # finished_at stays last: a line cut short by a kill is told by its incomplete timestamp
 HEADER = "\t".join(COLUMNS) + "\n"
 
 # How each numeric column is written (digits after the point) and read back.
@@ -410,17 +410,19 @@ class Ledger:
             first = ""
         cols = tuple(first.rstrip("\r\n").split("\t"))
         if first.endswith("\n") and cols != COLUMNS:
-            if not (len(UPSTREAM_COLUMNS) < len(cols) < len(COLUMNS) and COLUMNS[:len(cols)] == cols):
+            older = tuple(c for c in COLUMNS if c in cols)  # ours, fewer columns, in today's order
+            if not (len(UPSTREAM_COLUMNS) < len(cols) < len(COLUMNS) and cols == older):
                 raise LedgerError(f"{self.path} has other columns than ar writes ({first.strip()[:80]!r}); "
                                   "move it aside or use another tag")
             self._migrate(cols)
         self._header_ok = first.endswith("\n")
 
     def _migrate(self, old: tuple[str, ...]) -> None:
-        """Bring a results.tsv written by an older ar (a prefix of today's columns) to today's header: each
-        row gets the new fields at its end (the sweep identity recovered from its description), nothing else
-        of it changes. A line that does not parse is kept as it was (reading still names and skips it); a
-        partial last line is dropped, as an append would. Written beside the file, then renamed over it."""
+        """Bring a results.tsv written by an older ar (some of today's columns, in today's order) to today's
+        header: each row gets the new fields (the sweep identity recovered from its description); its other
+        fields are copied as they were written. A line that does not parse is kept as it was (reading still
+        names and skips it); a partial last line is dropped, as an append would. Written beside the file, then
+        renamed over it, so a reader sees the old file or the new one."""
         lines = self.path.read_text(encoding="utf-8", errors="replace").split("\n")
         cut = lines[-1].strip() != ""  # no newline at the end: the last line was cut by a kill mid-write
         out = [HEADER]
@@ -438,8 +440,8 @@ class Ledger:
             if row is None:
                 out.append(line + "\n")
                 continue
-            new = row.to_fields()[len(old):]  # appended as text: the old fields stay byte for byte
-            out.append(line + "".join("\t" + (_format_line_fields([v])[:-1] if v else "") for v in new) + "\n")
+            have = dict(zip(old, _split(line, False)))
+            out.append(_format_line_fields([have[c] if c in have else v for c, v in zip(COLUMNS, row.to_fields())]))
         tmp = self.path.with_name(self.path.name + ".migrating")
         try:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -452,7 +454,8 @@ class Ledger:
             raise LedgerError(f"cannot rewrite {self.path} with today's columns: {e.strerror or e}; free disk "
                               "space or fix permissions, then run again (nothing recorded was lost)") from e
         _fsync_dir(self.path.parent)
-        self._warn(f"{self.path.name}: added the column(s) {', '.join(COLUMNS[len(old):])} (written by an older ar)")
+        self._warn(f"{self.path.name}: added the column(s) {', '.join(c for c in COLUMNS if c not in old)} "
+                   "(it was written by an older ar)")
 
     def _is_whole(self, line: str) -> bool:
         try:
