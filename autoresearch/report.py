@@ -334,9 +334,11 @@ def progress_figure(rows: Sequence, title: str = ""):
     other = [(i, r.val_bpb) for i, r in done if status_of(r) != "keep"]
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
     ceiling = None
-    if kept:
-        lo, hi = min(v for _, v, _ in kept), max(v for _, v, _ in kept)
-        ceiling = hi + max(0.6 * (hi - lo), 0.02)
+    if kept:  # far worse than the bulk (exploded runs): above twice the bulk's height from the best
+        values = sorted(v for _, v in other)
+        bulk = max([v for _, v, _ in kept] + values[:max(1, int(0.9 * len(values)))])
+        lo = min([v for _, v, _ in kept] + values)
+        ceiling = bulk + max(bulk - lo, 0.01)
     shown = [(x, y) for x, y in other if ceiling is None or y <= ceiling]
     above = [x for x, y in other if ceiling is not None and y > ceiling]
     if shown:
@@ -354,9 +356,9 @@ def progress_figure(rows: Sequence, title: str = ""):
             ax.annotate(_short_label(text), (x, y), xytext=(3, 5), textcoords="offset points", fontsize=7,
                         rotation=30, rotation_mode="anchor", color="#333333", ha="left", va="bottom", zorder=4)
     ax.set_xlim(0.5, max(len(rows), 1) + 0.5)
-    if ceiling is not None:
+    if above:
         bottom = min(y for _, y in shown + [(0, v) for _, v, _ in kept])
-        ax.set_ylim(bottom - 0.08 * (ceiling - bottom), ceiling + 0.02 * (ceiling - bottom))
+        ax.set_ylim(bottom - 0.05 * (ceiling - bottom), ceiling + 0.02 * (ceiling - bottom))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("experiment #")
     ax.set_ylabel("val_bpb (lower is better)")
@@ -470,8 +472,11 @@ def _grid_panel(ax, points: Sequence[dict], axis: str, others: Sequence[str], be
     ax.set_xlabel(_axis_name(axis) + (" (seconds)" if axis == "TIME_BUDGET" else ""))
     ax.set_ylabel("val_bpb (mean over seeds; bars: sd)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[1]:
-        ax.legend(fontsize=8, title=", ".join(map(_axis_name, others)) or None, title_fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    if labels:  # the lines in order, the best point last
+        order = sorted(range(len(labels)), key=lambda i: labels[i] == "best point")
+        ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
+                  title=", ".join(map(_axis_name, others)) or None, title_fontsize=8)
 
 
 def _ordered(values) -> list:
