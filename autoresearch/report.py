@@ -268,8 +268,8 @@ def sections(report: dict) -> list[Section]:
         if len(shown) < len(best["knobs"]):
             rows.append(("other knobs", f"{len(best['knobs']) - len(shown)} more, as committed in {best['commit'][:7]} "
                                         "(--json lists them)"))
-        rows += [(k, v) for k, v in (("TIME_BUDGET", _f(best["time_budget"], 0, "s")), ("seed", _f(best["seed"], 0)))
-                 if v != "-"]
+        rows += [(k, v) for k, v in (("TIME_BUDGET", _axis_value("TIME_BUDGET", best["time_budget"])),
+                                     ("seed", _f(best["seed"], 0))) if v != "-"]
         rows.append(("reproduce", best["command"]))
         title = f"best: {best['commit'][:7]}  val_bpb {best['val_bpb']:.6f}"
         if point:
@@ -457,7 +457,8 @@ def _grid_panel(ax, points: Sequence[dict], axis: str, others: Sequence[str], be
         lines.setdefault(tuple(_hashable(p["axes"].get(a)) for a in others), []).append(p)
     for key in sorted(lines, key=lambda k: [(str(type(v)), v) for v in k]):
         pts = sorted(lines[key], key=lambda p: position(p["axes"].get(axis)))
-        label = ", ".join(f"{_axis_name(a)}={_axis_value(a, v)}" for a, v in zip(others, key)) or None
+        label = (_axis_value(others[0], key[0]) if len(others) == 1 else  # the legend's title names the axis
+                 ", ".join(f"{_axis_name(a)}={_axis_value(a, v)}" for a, v in zip(others, key)) or None)
         ax.errorbar([position(p["axes"].get(axis)) for p in pts], [p["mean"] for p in pts],
                     yerr=[p["spread"] or 0.0 for p in pts], marker="o", ms=5, capsize=3, lw=1.5, label=label)
     if best is not None:

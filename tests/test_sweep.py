@@ -441,6 +441,8 @@ def test_an_old_format_sweep_resumes_reports_and_migrates(repo, tmp_path, monkey
     assert "0 of 2 points to run, 2 already done" in out
     code, out, err = ar(["report", "--repo", repo, "--json"], monkeypatch, capsys)
     assert [p["label"] for p in json.loads(out)["points"]] == ["LR_MULT=1.0", "LR_MULT=2.0"]
+    code, out, err = ar(["report", "--repo", repo], monkeypatch, capsys)
+    assert code == 0 and "sweep old: 2 points (2 done)" in out and "0.5s" in out and "AR_TIME_BUDGET=0.5" in out
 
 
 def test_early_stop_prunes_the_losers_and_keeps_the_winner(repo, tmp_path, monkeypatch, capsys):
