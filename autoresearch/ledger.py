@@ -2,9 +2,10 @@
 
 One row per experiment, tab-separated, upstream's five columns first (commit, val_bpb, memory_gb, status,
 description) and ours after them. A missing number is an empty field, never 0. Columns are read by name, so
-a file with an older header of ours still reads, and the first append to it migrates it (`_migrate`). Each row is a single
-`write` + fsync of a complete line, so a kill leaves either the whole row or a partial last line; the next
-append (or read) notices a partial last line, warns, and drops it rather than gluing it to the next row.
+a file with an older header of ours still reads, and the first append to it migrates it (`_migrate`). Each
+row is a single `write` + fsync of a complete line, so a kill leaves either the whole row or a partial last
+line; the next append (or read) notices a partial last line, warns, and drops it rather than gluing it to the
+next row.
 
 `append_line` is the durable-append primitive shared by the ledger, the queue and the hooks journal.
 """
@@ -206,7 +207,8 @@ def _json_object(name: str, raw: str) -> dict:
 
 # An older ar wrote a sweep point's identity into its description, "sweep NAME: K=V ... budget=Ns seed=S base=SHA",
 # and read it back from there. Rows of files without the `sweep` column get it from that text here, and nowhere else.
-_LEGACY_SWEEP_RE = re.compile(r"^sweep (?P<name>[a-z0-9][a-z0-9._-]*): (?P<label>.*?)\s*\bbase=(?P<base>[0-9a-f]{7,40})\s*$")
+_LEGACY_SWEEP_RE = re.compile(
+    r"^sweep (?P<name>[a-z0-9][a-z0-9._-]*): (?P<label>.*?)\s*\bbase=(?P<base>[0-9a-f]{7,40})\s*$")
 
 
 def legacy_sweep(row: Row) -> dict:
@@ -435,7 +437,8 @@ class Ledger:
             except (ValueError, csv.Error):
                 row = None
             if cut and n == len(lines) and (row is None or not _TIMESTAMP_RE.match(row.finished_at)):
-                self._warn(f"{self.path.name}: dropped a partial last line (cut off by a kill mid-write): {line[:80]!r}")
+                self._warn(f"{self.path.name}: dropped a partial last line (cut off by a kill mid-write): "
+                           f"{line[:80]!r}")
                 continue
             if row is None:
                 out.append(line + "\n")

@@ -11,7 +11,6 @@ one per point, its seeds pooled into a mean and a spread, and a grid plot of val
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import statistics
@@ -160,47 +159,39 @@ def sweep_points(rows: Sequence) -> list[dict]:
     """One dict per grid point of the sweep rows, best mean first: its axes, the label (every axis that varies
     in its sweep, the budget included), val_bpb over its seeds (mean, sample spread, n), its commits and state.
     A validation re-run without an identity (an older ar's) joins the point whose commit it re-ran."""
-    groups: dict[tuple, dict] = {}
-    by_commit: dict[str, dict] = {}
+    members: dict[tuple, list] = {}
+    idents: dict[tuple, dict] = {}
+    by_commit: dict[str, tuple] = {}
     for r in rows:
         ident = getattr(r, "sweep", None) or {}
-        if not isinstance(ident.get("axes"), dict):
-            continue
-        key = (ident.get("name"), ident.get("base"), _norm_knobs(ident["axes"]))
-        g = groups.setdefault(key, {"sweep": ident.get("name"), "base": ident.get("base"), "point": ident.get("point"),
-                                    "axes": dict(ident["axes"]), "rows": []})
-        g["rows"].append(r)
-        if status_of(r) != "validation":
-            by_commit.setdefault(r.commit, g)
-    for r in rows:
-        if not getattr(r, "sweep", None) and status_of(r) == "validation" and r.commit in by_commit:
-            by_commit[r.commit]["rows"].append(r)
-    varying: dict[Any, list[str]] = {}
-    for g in groups.values():
-        for k, v in g["axes"].items():
-            seen = varying.setdefault(g["sweep"], {}).setdefault(k, set())
-            seen.add(_norm_knobs({k: v}))
+        if isinstance(ident.get("axes"), dict):
+            key = (ident.get("name"), ident.get("base"), _norm_knobs(ident["axes"]))
+            idents.setdefault(key, ident)
+            members.setdefault(key, []).append(r)
+            if status_of(r) != "validation":
+                by_commit.setdefault(r.commit, key)
+        elif status_of(r) == "validation" and r.commit in by_commit:
+            members[by_commit[r.commit]].append(r)
+    values_on: dict[tuple[Any, str], set] = {}  # (sweep, axis) -> the values seen on it
+    for ident in idents.values():
+        for k, v in ident["axes"].items():
+            values_on.setdefault((ident.get("name"), k), set()).add(_norm_knobs({k: v}))
     out = []
-    for g in groups.values():
-        by_seed: dict[Any, float] = {}
-        for r in g.pop("rows"):
-            if r.val_bpb is not None and math.isfinite(r.val_bpb) and status_of(r) in FINISHED_STATUSES | {"validation"}:
-                by_seed[r.seed] = r.val_bpb  # the latest run of a seed
-            g.setdefault("commits", [])
-            if r.commit and r.commit not in g["commits"]:
-                g["commits"].append(r.commit)
-            g["last_status"] = status_of(r)
+    for key, ident in idents.items():
+        name, mine = ident.get("name"), members[key]
+        by_seed = {r.seed: r.val_bpb for r in mine  # the latest run of each seed
+                   if status_of(r) in FINISHED_STATUSES | {"validation"} and r.val_bpb is not None
+                   and math.isfinite(r.val_bpb)}
         vals = list(by_seed.values())
-        vary = [k for k, vals_seen in varying[g["sweep"]].items() if len(vals_seen) > 1]
-        g.update(label=point_label(g["axes"], vary), varying=vary, seeds=list(by_seed), values=vals, n=len(vals),
-                 mean=statistics.fmean(vals) if vals else None,
-                 spread=statistics.stdev(vals) if len(vals) > 1 else None,
-                 state="done" if vals else g.pop("last_status"))
-        g.pop("last_status", None)
-        out.append(g)
-    out.sort(key=lambda g: (g["mean"] is None, g["mean"] or 0.0))
-    for i, g in enumerate(out, 1):
-        g["rank"] = i
+        varying = [k for k in ident["axes"] if len(values_on[(name, k)]) > 1]
+        out.append({"sweep": name, "base": ident.get("base"), "point": ident.get("point"),
+                    "axes": dict(ident["axes"]), "label": point_label(ident["axes"], varying), "varying": varying,
+                    "mean": statistics.fmean(vals) if vals else None,
+                    "spread": statistics.stdev(vals) if len(vals) > 1 else None,
+                    "n": len(vals), "seeds": list(by_seed), "values": vals,
+                    "commits": list(dict.fromkeys(r.commit for r in mine if r.commit)),
+                    "state": "done" if vals else status_of(mine[-1])})
+    out.sort(key=lambda p: (p["mean"] is None, p["mean"] or 0.0))
     return out
 
 

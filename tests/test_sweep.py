@@ -293,7 +293,6 @@ from pathlib import Path  # noqa: E402
 import git  # noqa: E402
 import yaml  # noqa: E402
 
-from autoresearch.ledger import read_results  # noqa: E402
 from test_report import ar  # noqa: E402  (the in-process `ar` runner)
 
 FAKE_TRAIN = Path(__file__).parent / "fixtures" / "fake_train.py"
@@ -389,8 +388,8 @@ def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypat
     code, out, err = ar(["report", "--repo", repo, "--json"], monkeypatch, capsys)
     data = json.loads(out)
     assert data["tags"] == ["sweep-e2e"] and len(data["experiments"]) == 4 and data["top"] == []
-    assert [(p["label"], p["n"], p["state"]) for p in data["points"]][0] == ("LR_MULT=1.0 TOTAL_BATCH_SIZE=2**17", 1,
-                                                                             "done")
+    first = data["points"][0]
+    assert (first["label"], first["n"], first["state"]) == ("LR_MULT=1.0 TOTAL_BATCH_SIZE=2**17", 1, "done")
     assert [p["mean"] for p in data["points"]] == sorted(r.val_bpb for r in rows)
     best = data["best"]
     assert best["commit"] == rows[0].commit and best["knobs"]["LR_MULT"] == 1.0 and best["time_budget"] == 1.0
