@@ -98,7 +98,7 @@ class Point:
 
 
 def point_label(axes: dict[str, Any], varying: Sequence[str]) -> str:
-    """`K=V ... budget=Ns` over the axes that vary (all of them when none does). The budget is shown whenever
+    """`K=V ... budget=Ns` over the axes that vary (the knob axes when none does). The budget is shown whenever
     it varies: two points that differ only in it must not read the same."""
     shown = [k for k in axes if k in varying] or [k for k in axes if k != "TIME_BUDGET"] or list(axes)
     parts = []
