@@ -258,6 +258,39 @@ def test_grid_plot_draws_val_bpb_against_each_axis_with_seed_error_bars(tmp_path
     assert rep.grid_plot(points, tmp_path / "g.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_piped_sweep_report_is_a_points_table_and_writes_the_grid_plot(tmp_path):
+    led = Ledger(tmp_path / "runs" / "sweep-bb")
+    for r in grid_rows():
+        led.append(r)
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": ""}
+    r = subprocess.run([AR, "report", "--repo", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    title = out.index("sweep bb: 5 points (4 done, 1 pruned) — sweep-bb")
+    assert out[title + 1].split("\t") == ["#", "TOTAL_BATCH_SIZE", "budget", "val_bpb (mean)", "± (sd)", "seeds",
+                                          "state", "commit"]
+    table = out[title + 2:out.index("", title)]
+    assert [ln.split("\t")[1:3] for ln in table] == [["2**16", "120s"], ["2**17", "120s"], ["2**17", "60s"],
+                                                      ["2**16", "60s"], ["2**18", "60s"]]
+    grid = tmp_path / "runs" / "sweep-bb" / "grid.png"
+    assert f"grid plot: {grid}" in out and grid.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_all_tags_with_a_run_and_a_sweep_get_both_plots(upstream_repo, tmp_path, monkeypatch, capsys):
+    led = Ledger(upstream_repo / "runs" / "sweep-bb")
+    for r in grid_rows():
+        led.append(r)
+    png = tmp_path / "p.png"
+    code, out, err = ar(["report", "--repo", upstream_repo, "--all", "--json", "--plot", png], monkeypatch, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["plot"] == str(png) and data["grid_plot"] == str(tmp_path / "p-grid.png")
+    assert (tmp_path / "p-grid.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert len(data["top"]) == 6 and {e["commit"] for e in data["top"]}.isdisjoint(
+        c for p in data["points"] for c in p["commits"])              # the run's table holds the run's rows only
+    assert data["best"]["commit"] == "a7b8c9d" and len(data["points"]) == 5
+
+
 def test_missing_and_empty_results_are_one_line_exit_1(tmp_path, monkeypatch, capsys):
     code, out, err = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
     assert code == 1 and out == "" and err.count("\n") == 1
