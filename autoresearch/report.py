@@ -344,7 +344,7 @@ def progress_figure(rows: Sequence, title: str = ""):
                 label="running best", zorder=2)
         ax.scatter(xs, ys, s=46, color=KEPT, edgecolors="black", linewidths=0.6, label="kept", zorder=3)
         for x, y, text in _labelled(kept):
-            ax.annotate(_short_label(text), (x, y), xytext=(3, 5), textcoords="offset points", fontsize=7,
+            ax.annotate(_short_label(text), (x, y), xytext=(3, 5), textcoords="offset points", fontsize=8,
                         rotation=30, rotation_mode="anchor", color="#333333", ha="left", va="bottom", zorder=4)
     ax.set_xlim(0.5, max(len(rows), 1) + 0.5)
     if above:
