@@ -1,9 +1,11 @@
 """results.tsv and the per-experiment folders under runs/<tag>/.
 
 One row per experiment, tab-separated, upstream's five columns first (commit, val_bpb, memory_gb, status,
-description) and ours after them. A missing number is an empty field, never 0. Each row is a single
-`write` + fsync of a complete line, so a kill leaves either the whole row or a partial last line; the next
-append (or read) notices a partial last line, warns, and drops it rather than gluing it to the next row.
+description) and ours after them. A missing number is an empty field, never 0. Columns are read by name, so
+a file with an older header of ours still reads, and the first append to it migrates it (`_migrate`). Each
+row is a single `write` + fsync of a complete line, so a kill leaves either the whole row or a partial last
+line; the next append (or read) notices a partial last line, warns, and drops it rather than gluing it to the
+next row.
 
 `append_line` is the durable-append primitive shared by the ledger, the queue and the hooks journal.
 """
@@ -56,8 +58,8 @@ class Status(str, Enum):
 UPSTREAM_COLUMNS = ("commit", "val_bpb", "memory_gb", "status", "description")
 COLUMNS = UPSTREAM_COLUMNS + (
     "exp_id", "tag", "parent", "mfu", "tokens_per_s", "training_seconds", "total_seconds", "num_steps",
-    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "finished_at",
-)
+    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "sweep", "finished_at",
+)  # finished_at stays last: a line cut short by a kill is told by its incomplete timestamp
 HEADER = "\t".join(COLUMNS) + "\n"
 
 # How each numeric column is written (digits after the point) and read back.
@@ -94,6 +96,7 @@ class Row:
     reason: str = ""
     started_at: str = ""
     finished_at: str = ""
+    sweep: dict = field(default_factory=dict)  # a sweep point's identity: name, point, axes, base (sweepfile)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -107,7 +110,9 @@ class Row:
             if name == "status":
                 out.append(Status(v).value)
             elif name == "knobs":
-                out.append(json.dumps(v, separators=(",", ":"), sort_keys=True) if v else "")
+                out.append(_json_field(v, sort_keys=True))
+            elif name == "sweep":  # the axes in the sweep file's order: the order a label shows them in
+                out.append(_json_field(v, sort_keys=False))
             elif v is None:
                 out.append("")
             elif name in _FLOATS:
@@ -121,9 +126,17 @@ class Row:
         return out
 
 
+def _json_field(v: dict, sort_keys: bool) -> str:
+    return json.dumps(v, separators=(",", ":"), sort_keys=sort_keys) if v else ""
+
+
 def _format_line(row: Row) -> str:
+    return _format_line_fields(row.to_fields())
+
+
+def _format_line_fields(fields: list[str]) -> str:
     buf = io.StringIO()
-    csv.writer(buf, dialect="excel-tab", lineterminator="\n").writerow(row.to_fields())
+    csv.writer(buf, dialect="excel-tab", lineterminator="\n").writerow(fields)
     return buf.getvalue()
 
 
@@ -163,7 +176,7 @@ def _row_from_fields(header: tuple[str, ...], fields: list[str], upstream: bool)
     row = Row(commit=d["commit"].strip(), val_bpb=val_bpb, memory_gb=memory_gb, status=status,
               description=d["description"])
     if upstream:
-        return row
+        return row  # upstream has no sweeps
     for name in _FLOATS:
         if name in d and name not in ("val_bpb", "memory_gb"):
             setattr(row, name, _num(name, d[name], float))
@@ -172,18 +185,52 @@ def _row_from_fields(header: tuple[str, ...], fields: list[str], upstream: bool)
             setattr(row, name, _num(name, d[name], int))
     if "time_budget" in d:
         row.time_budget = _num("time_budget", d["time_budget"], float)
-    if d.get("knobs", "").strip():
-        try:
-            knobs = json.loads(d["knobs"])
-        except json.JSONDecodeError:
-            raise ValueError(f"knobs {d['knobs'][:60]!r} is not JSON") from None
-        if not isinstance(knobs, dict):
-            raise ValueError("knobs is not a JSON object")
-        row.knobs = knobs
+    row.knobs = _json_object("knobs", d.get("knobs", ""))
     for name in ("tag", "parent", "reason", "started_at", "finished_at"):
         if name in d:
             setattr(row, name, d[name])
+    row.sweep = _json_object("sweep", d["sweep"]) if "sweep" in d else legacy_sweep(row)
     return row
+
+
+def _json_object(name: str, raw: str) -> dict:
+    if not raw.strip():
+        return {}
+    try:
+        v = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ValueError(f"{name} {raw[:60]!r} is not JSON") from None
+    if not isinstance(v, dict):
+        raise ValueError(f"{name} is not a JSON object")
+    return v
+
+
+# An older ar wrote a sweep point's identity into its description, "sweep NAME: K=V ... budget=Ns seed=S base=SHA",
+# and read it back from there. Rows of files without the `sweep` column get it from that text here, and nowhere else.
+_LEGACY_SWEEP_RE = re.compile(
+    r"^sweep (?P<name>[a-z0-9][a-z0-9._-]*): (?P<label>.*?)\s*\bbase=(?P<base>[0-9a-f]{7,40})\s*$")
+
+
+def legacy_sweep(row: Row) -> dict:
+    """The structured sweep identity of a row written before the `sweep` column existed ({} for other rows).
+    Axis names come from the description, their values from the row's knobs (what the run really had)."""
+    m = _LEGACY_SWEEP_RE.match(row.description.strip())
+    if not m:
+        return {}
+    from .knobs import parse_value
+
+    axes: dict = {}
+    for token in m["label"].split():
+        name, _, text = token.partition("=")
+        if name in ("budget", "seed") or not text:
+            continue  # the budget and seed have their own columns
+        try:
+            axes[name] = row.knobs[name] if name in row.knobs else parse_value(text)
+        except ArError:
+            axes[name] = text
+    if row.time_budget is not None:
+        axes["TIME_BUDGET"] = row.time_budget
+    return {"name": m["name"], "point": None, "axes": axes, "base": m["base"]}
 
 
 def _split(line: str, upstream: bool) -> list[str]:
@@ -363,10 +410,55 @@ class Ledger:
                 first = f.readline()
         except FileNotFoundError:
             first = ""
-        if first.endswith("\n") and first.rstrip("\r\n").split("\t") != list(COLUMNS):
-            raise LedgerError(f"{self.path} has other columns than ar writes ({first.strip()[:80]!r}); "
-                              "move it aside or use another tag")
+        cols = tuple(first.rstrip("\r\n").split("\t"))
+        if first.endswith("\n") and cols != COLUMNS:
+            older = tuple(c for c in COLUMNS if c in cols)  # ours, fewer columns, in today's order
+            if not (len(UPSTREAM_COLUMNS) < len(cols) < len(COLUMNS) and cols == older):
+                raise LedgerError(f"{self.path} has other columns than ar writes ({first.strip()[:80]!r}); "
+                                  "move it aside or use another tag")
+            self._migrate(cols)
         self._header_ok = first.endswith("\n")
+
+    def _migrate(self, old: tuple[str, ...]) -> None:
+        """Bring a results.tsv written by an older ar (some of today's columns, in today's order) to today's
+        header: each row gets the new fields (the sweep identity recovered from its description); its other
+        fields are copied as they were written. A line that does not parse is kept as it was (reading still
+        names and skips it); a partial last line is dropped, as an append would. Written beside the file, then
+        renamed over it, so a reader sees the old file or the new one."""
+        lines = self.path.read_text(encoding="utf-8", errors="replace").split("\n")
+        cut = lines[-1].strip() != ""  # no newline at the end: the last line was cut by a kill mid-write
+        out = [HEADER]
+        for n, line in enumerate(lines[1:], 2):
+            line = line.rstrip("\r")
+            if not line.strip():
+                continue
+            try:
+                row = _row_from_fields(old, _split(line, False), False)
+            except (ValueError, csv.Error):
+                row = None
+            if cut and n == len(lines) and (row is None or not _TIMESTAMP_RE.match(row.finished_at)):
+                self._warn(f"{self.path.name}: dropped a partial last line (cut off by a kill mid-write): "
+                           f"{line[:80]!r}")
+                continue
+            if row is None:
+                out.append(line + "\n")
+                continue
+            have = dict(zip(old, _split(line, False)))
+            out.append(_format_line_fields([have[c] if c in have else v for c, v in zip(COLUMNS, row.to_fields())]))
+        tmp = self.path.with_name(self.path.name + ".migrating")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("".join(out))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise LedgerError(f"cannot rewrite {self.path} with today's columns: {e.strerror or e}; free disk "
+                              "space or fix permissions, then run again (nothing recorded was lost)") from e
+        _fsync_dir(self.path.parent)
+        self._warn(f"{self.path.name}: added the column(s) {', '.join(c for c in COLUMNS if c not in old)} "
+                   "(it was written by an older ar)")
 
     def _is_whole(self, line: str) -> bool:
         try:

@@ -353,15 +353,16 @@ class Loop:
 
     # ------------------------------------------------------------------------------------------ queue
     def enqueue_knobs(self, knobs: dict, *, time_budget: float | None = None, seed: int | None = None,
-                      description: str = "") -> Spec:
-        """Queue a knob edit (checked against train.py's knobs now). Call inside `with loop:`."""
+                      description: str = "", sweep: dict | None = None) -> Spec:
+        """Queue a knob edit (checked against train.py's knobs now). Call inside `with loop:`. `sweep`: a sweep
+        point's identity, recorded in the row's `sweep` column."""
         assert self._open, "enqueue inside `with Loop(...)` so the queue is written under the lock"
         known = read_knobs(self.root / self.train_file)
         unknown = sorted(set(knobs) - set(known))
         if unknown:
             raise ConfigError(f"unknown knob {unknown[0]} in {self.train_file}; its knobs: {', '.join(known)}")
         return self.queue.add("knobs", {"knobs": dict(knobs), "time_budget": time_budget, "seed": seed,
-                                        "description": description})
+                                        "description": description, **({"sweep": sweep} if sweep else {})})
 
     def enqueue_rerun(self, commit: str, seed: int, description: str = "") -> Spec:
         assert self._open, "enqueue inside `with Loop(...)`"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .layout import QUEUE, RESULTS, RunsLayout, TagLayout
-from .sweepfile import (FINISHED_STATUSES, EarlyStop, Plan, Point, _num, describe, point_states, rows_by_point,
-                        show_number, status_of)
+from .sweepfile import (FINISHED_STATUSES, EarlyStop, Plan, Point, _num, describe, identity, point_states,
+                        rows_by_point, show_number, status_of)
 
 
 # ---------------------------------------------------------------- early stopping (pure)
@@ -266,8 +266,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
                     result.halved.append((q, verdict))
                     say(f"left out {q.label}: {verdict}")
                     continue
-                lp.enqueue_knobs(q.knobs, time_budget=q.time_budget, seed=q.seed,
-                                 description=describe(p.sweep, q, p.base))
+                _enqueue_point(p, lp, q)
             if not (ok := drain(lp)):
                 break
         if ok and validate_top > 0:
@@ -279,9 +278,16 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     done = [r for r in rows_by_point(p.points, rows, p.base).values() if _val(r) is not None]
     result.best = min(done, key=lambda r: r.val_bpb) if done else None
     if validate_top > 0:
-        labels = {r.commit: r.description.split(": ", 1)[-1].split(" base=")[0] for r in done}
+        points = {q.index: q for q in p.points}
+        labels = {r.commit: points[i].label for i, r in rows_by_point(p.points, rows, p.base).items()}
         result.validation = verdicts(seed_stats(rows, _top_commits(p, rows, validate_top), labels))
     return result
+
+
+def _enqueue_point(p: Plan, lp, q: Point) -> None:
+    """A `knobs` spec for point q; its `sweep` (the point's identity) becomes the row's `sweep` column."""
+    lp.enqueue_knobs(q.knobs, time_budget=q.time_budget, seed=q.seed, description=describe(p.sweep, q),
+                     sweep=identity(p.sweep, q, p.base))
 
 
 def _pending(p: Plan) -> list:
@@ -299,7 +305,8 @@ def _enqueue_validation(p: Plan, lp, k: int) -> None:
         for seed in p.sweep.validate_seeds:
             if (commit, seed) not in have:
                 lp.queue.add("rerun", {"commit": lp.git.resolve(commit), "seed": seed, "time_budget": r.time_budget,
-                                       "description": f"sweep {p.sweep.name}: validation of {commit} seed {seed}"})
+                                       "description": f"sweep {p.sweep.name}: validation of {commit} seed {seed}",
+                                       "sweep": r.sweep})  # a seed of the same point
 
 
 def rounds(points: Sequence[Point], early_stop: bool) -> list[list[Point]]:

@@ -16,8 +16,12 @@ A sweep file (YAML) has these keys; anything else is an error:
     validate_seeds: [1, 2]         # seeds for --validate-top re-runs
 
 Everything decided from the file without running lives here: parsing and validation against train.py's
-knobs, expansion into points, ordering, the resume key, and the dry-run plan (`plan`). Running the points
-(early stopping, successive halving, --validate-top) is sweep.py.
+knobs, expansion into points, ordering, a point's identity and resume key, and the dry-run plan (`plan`).
+Running the points (early stopping, successive halving, --validate-top) is sweep.py.
+
+A point's identity travels as data, never as text to parse back: the spec queued for it carries
+`identity(...)` ({"name", "point", "axes", "base"}), the Loop copies it into the row's `sweep` column, and the
+resume key, the report's points and every label are read from there.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ DEFAULT_OVERHEAD_S = {"gpu": 30.0, "cpu": 10.0}
 _KEYS = {"name", "description", "axes", "fixed", "base", "seeds", "order", "profile", "overhead_s",
          "early_stop", "validate_seeds"}
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,57}$")
-_BASE_RE = re.compile(r"\bbase=([0-9a-f]{7,40})\b")
 
 
 @dataclass(frozen=True)
@@ -66,23 +69,46 @@ class Point:
     knobs: dict[str, Any]       # every train.py knob this point sets (axes + fixed)
     time_budget: float | None   # AR_TIME_BUDGET; None: the run config's
     seed: int | None
-    axes: tuple[str, ...] = ()  # the knobs that vary across the sweep (what a label shows)
+    axes: tuple[str, ...] = ()  # the sweep's axes, TIME_BUDGET included when it is one
+    varying: tuple[str, ...] = ()  # the axes with more than one value (what a label shows), "seed" too if seeds vary
+    grid: int = 0               # the grid point: the same for every seed of it
+
+    @property
+    def axis_values(self) -> dict[str, Any]:
+        """The point on every axis, TIME_BUDGET always (the budget it runs with, axis or not)."""
+        values = {k: self.knobs[k] for k in self.axes if k not in RUNNER_KNOBS}
+        values["TIME_BUDGET"] = self.time_budget
+        return values
 
     @property
     def label(self) -> str:
-        parts = [f"{k}={show_value(v)}" for k, v in self.knobs.items() if not self.axes or k in self.axes]
-        if self.time_budget is not None:
-            parts.append(f"budget={show_number(self.time_budget)}s")
-        if self.seed is not None:
+        parts = [point_label(self.axis_values, self.varying)]
+        if "seed" in self.varying and self.seed is not None:
             parts.append(f"seed={self.seed}")
-        return " ".join(parts)
+        return " ".join(p for p in parts if p)
 
     def config_key(self) -> tuple:
         """The point without its budget: the unit that successive halving promotes."""
         return (_norm_knobs(self.knobs), self.seed)
 
     def key(self, base: str) -> tuple:
-        return (_norm_knobs(self.knobs), _num(self.time_budget), base, self.seed)
+        """The resume key; `row_key` gives a ledger row's."""
+        fixed = {k: v for k, v in self.knobs.items() if k not in self.axes}
+        return (_norm_knobs(self.axis_values), _norm_knobs(fixed), base, self.seed)
+
+
+def point_label(axes: dict[str, Any], varying: Sequence[str]) -> str:
+    """`K=V ... budget=Ns` over the axes that vary (the knob axes when none does). The budget is shown whenever
+    it varies: two points that differ only in it must not read the same."""
+    shown = [k for k in axes if k in varying] or [k for k in axes if k != "TIME_BUDGET"] or list(axes)
+    parts = []
+    for k in shown:
+        v = axes[k]
+        if k == "TIME_BUDGET":
+            parts.append(f"budget={'-' if v is None else show_number(float(v))}s")
+        else:
+            parts.append(f"{k}={show_value(v)}")
+    return " ".join(parts)
 
 
 @dataclass
@@ -278,13 +304,16 @@ def read_header(path: str | Path) -> dict:
 def expand(sweep: Sweep) -> list[Point]:
     """All points in listed order: itertools.product over the axes in file order, then seeds."""
     names = list(sweep.axes)
+    varying = tuple(n for n in names if len({repr(_num(v)) for v in sweep.axes[n]}) > 1)
+    if len(set(sweep.seeds)) > 1:
+        varying += ("seed",)
     points = []
-    for combo in itertools.product(*(sweep.axes[n] for n in names)):
+    for grid, combo in enumerate(itertools.product(*(sweep.axes[n] for n in names))):
         values = dict(zip(names, combo))
         budget = values.pop("TIME_BUDGET", sweep.fixed.get("TIME_BUDGET"))
         knobs = {**{k: v for k, v in sweep.fixed.items() if k not in RUNNER_KNOBS}, **values}
         for seed in sweep.seeds:
-            points.append(Point(len(points), knobs, budget, seed, tuple(names)))
+            points.append(Point(len(points), knobs, budget, seed, tuple(names), varying, grid))
     return points
 
 
@@ -296,31 +325,41 @@ def order_points(points: Sequence[Point], order: str) -> list[Point]:
     raise ConfigError(f"order {order!r} is not one of: {', '.join(ORDERS)}")
 
 
-def describe(sweep: Sweep, point: Point, base: str) -> str:
-    """The ledger description of a point; `base=` carries the base commit into the resume key."""
-    return f"sweep {sweep.name}: {point.label} base={base[:12]}"
+def describe(sweep: Sweep, point: Point) -> str:
+    """The ledger description of a point: for people; the row's `sweep` column is what ar reads back."""
+    return f"sweep {sweep.name}: {point.label}"
 
 
-def row_key(row, names: Iterable[str], base: str) -> tuple | None:
-    """The resume key of a ledger row, or None when the row is not a point of a sweep on `base`."""
-    m = _BASE_RE.search(row.description or "")
-    if not m or not (base.startswith(m.group(1)) or m.group(1).startswith(base)):
+def identity(sweep: Sweep, point: Point, base: str) -> dict:
+    """What the spec of a point carries into its ledger row's `sweep` column."""
+    return {"name": sweep.name, "point": point.grid, "axes": point.axis_values, "base": base[:12]}
+
+
+def same_commit(a: str | None, b: str | None) -> bool:
+    """Two spellings of one commit (a short and a full SHA)."""
+    return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
+
+
+def row_key(row, fixed: Iterable[str], base: str) -> tuple | None:
+    """The resume key of a ledger row (`Point.key`'s), or None when the row is not a point of a sweep on
+    `base`. The axes come from the row's sweep identity; the fixed knobs (`fixed`) from the knobs it ran with."""
+    ident = getattr(row, "sweep", None) or {}
+    if not isinstance(ident.get("axes"), dict) or not same_commit(ident.get("base"), base):
         return None
     knobs = row.knobs or {}
-    names = list(names)
-    if any(n not in knobs for n in names):
+    if any(n not in knobs for n in fixed):
         return None
-    return (_norm_knobs({n: knobs[n] for n in names}), _num(row.time_budget), base, row.seed)
+    return (_norm_knobs(ident["axes"]), _norm_knobs({n: knobs[n] for n in fixed}), base, row.seed)
 
 
 def rows_by_point(points: Sequence[Point], rows: Sequence, base: str) -> dict[int, Any]:
     """index -> the latest ledger row of that point (validation re-runs left out)."""
     by_key: dict[tuple, Any] = {}
-    names = list(points[0].knobs) if points else []
+    fixed = [k for k in points[0].knobs if k not in points[0].axes] if points else []
     for row in rows:
         if status_of(row) == "validation":
             continue
-        k = row_key(row, names, base)
+        k = row_key(row, fixed, base)
         if k is not None:
             by_key[k] = row
     out = {}

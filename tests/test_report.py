@@ -133,6 +133,164 @@ def test_report_plot_of_sweep_rows(tmp_path):
     assert png.read_bytes()[:8] == PNG_SIGNATURE
 
 
+def progress_rows(n: int = 40) -> list[Row]:
+    """A run of n experiments: every third kept (the last one too, at the right edge), long descriptions."""
+    rows = []
+    for i in range(1, n + 1):
+        keep = i % 3 == 1 or i == n
+        rows.append(Row(commit=f"{i:07x}", val_bpb=(1.5 - 0.01 * i) if keep else 1.6 + 0.001 * i, memory_gb=None,
+                        status=Status.KEEP if keep else Status.DISCARD,
+                        description=f"experiment {i}: " + "a long explanation of the change " * 4))
+    rows.append(Row("crashed", None, None, Status.CRASH, "boom"))
+    return rows
+
+
+def test_progress_plot_has_integer_ticks_and_labels_inside_the_figure():
+    import matplotlib.pyplot as plt
+    rows = progress_rows()
+    fig = rep.progress_figure(rows)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (ax,) = fig.axes
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks)
+        kept = [r for r in rows if r.status is Status.KEEP]
+        assert len(ax.texts) == len(kept)                                          # every kept change named
+        assert all(len(t.get_text()) <= 44 and "\n" not in t.get_text() for t in ax.texts)
+        assert ax.texts[0].get_text().startswith("experiment 1: a long") and ax.texts[0].get_text().endswith("…")
+        box = ax.get_window_extent(renderer)
+        for t in ax.texts:                                       # inside the plot, the right-edge label included
+            bb = t.get_window_extent(renderer)
+            assert box.x0 <= bb.x0 and bb.x1 <= box.x1 and box.y0 <= bb.y0 and bb.y1 <= box.y1, t.get_text()
+        legend = ax.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == ["discarded", "running best", "kept"]
+        lb, fb = legend.get_window_extent(renderer), fig.bbox
+        assert fb.x0 <= lb.x0 and lb.x1 <= fb.x1 and fb.y0 <= lb.y0 and lb.y1 <= fb.y1
+        assert lb.y1 <= box.y0                                                     # under the plot, not over points
+    finally:
+        plt.close(fig)
+    few = rep.progress_figure(progress_rows(3))            # 4 experiments: where fractional ticks showed up
+    try:
+        (ax,) = few.axes
+        lo, hi = ax.get_xlim()
+        assert all(float(t).is_integer() for t in ax.get_xticks() if lo <= t <= hi)
+    finally:
+        plt.close(few)
+
+
+def test_progress_plot_puts_far_worse_runs_on_the_top_edge():
+    import matplotlib.pyplot as plt
+    rows = progress_rows(10)
+    fig = rep.progress_figure(rows + [Row("ffffff0", 9.0, None, Status.DISCARD, "exploded")])
+    plain = rep.progress_figure(rows)
+    try:
+        (ax,), (ax2,) = fig.axes, plain.axes
+        assert 1.61 < ax.get_ylim()[1] < 2.0                # every ordinary discard shows, the 9.0 does not
+        assert "discarded, above the scale (1)" in [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "discarded" in [t.get_text() for t in ax2.get_legend().get_texts()]
+        assert not any("above" in t.get_text() for t in ax2.get_legend().get_texts())
+    finally:
+        plt.close(fig)
+        plt.close(plain)
+
+
+def grid_rows() -> list[Row]:
+    """A 2-GPU style sweep of TOTAL_BATCH_SIZE × TIME_BUDGET; the best point has two validation seeds."""
+    def row(i, tbs, budget, val, status="discard", seed=42, commit=None):
+        ident = {"name": "bb", "point": i, "axes": {"TOTAL_BATCH_SIZE": tbs, "TIME_BUDGET": budget},
+                 "base": "abcdef123456"}
+        return Row(commit=commit or f"{i:07x}", val_bpb=val, memory_gb=None, status=Status(status),
+                   description=f"sweep bb: point {i}", exp_id=i + 1, tag="sweep-bb", time_budget=budget, seed=seed,
+                   knobs={"TOTAL_BATCH_SIZE": tbs, "DEPTH": 8}, sweep=ident)
+    rows = [row(0, 2**16, 60.0, 1.30, "keep"), row(1, 2**16, 120.0, 1.20, "keep"),
+            row(2, 2**17, 60.0, 1.25, "discard"), row(3, 2**17, 120.0, 1.22, "discard"),
+            row(4, 2**18, 60.0, None, "pruned")]
+    rows += [row(1, 2**16, 120.0, 1.21, "validation", seed=1, commit=rows[1].commit),
+             row(1, 2**16, 120.0, 1.19, "validation", seed=2, commit=rows[1].commit)]
+    return rows
+
+
+def test_a_sweep_report_tabulates_points_not_keeps():
+    data = rep.build(grid_rows(), ["sweep-bb"])
+    pts = data["points"]
+    assert [p["label"] for p in pts] == ["TOTAL_BATCH_SIZE=2**16 budget=120s", "TOTAL_BATCH_SIZE=2**17 budget=120s",
+                                         "TOTAL_BATCH_SIZE=2**17 budget=60s", "TOTAL_BATCH_SIZE=2**16 budget=60s",
+                                         "TOTAL_BATCH_SIZE=2**18 budget=60s"]
+    assert (pts[0]["n"], pts[0]["seeds"], pts[0]["mean"]) == (3, [42, 1, 2], pytest.approx(1.20))
+    assert pts[0]["spread"] == pytest.approx(0.01) and pts[1]["spread"] is None
+    assert pts[-1]["state"] == "pruned" and pts[-1]["mean"] is None and pts[-1]["n"] == 0
+    assert data["top"] == [] and data["validation"] == [] and data["per_knob"] == {}
+    assert data["best"]["commit"] == "0000001" and data["best"]["point"]["n"] == 3
+    secs = rep.sections(data)
+    assert [s.title.split(":")[0] for s in secs] == ["sweep bb", "best point"]
+    assert secs[0].title == "sweep bb: 5 points (4 done, 1 pruned) — sweep-bb"
+    assert secs[0].columns[:4] == ("#", "TOTAL_BATCH_SIZE", "budget", "val_bpb (mean)")
+    assert secs[0].rows[0] == ("1", "2**16", "120s", "1.200000", "0.010000", "3", "done", "0000001")
+    cells = {c for s in secs for r in s.rows for c in r}
+    assert not cells & {"keep", "discard"}
+    best = dict(secs[1].rows)
+    assert best["TOTAL_BATCH_SIZE"] == "2**16" and "DEPTH" not in best and best["TIME_BUDGET"] == "120s"
+    json.dumps(data)
+
+
+def test_grid_plot_draws_val_bpb_against_each_axis_with_seed_error_bars(tmp_path):
+    import matplotlib.pyplot as plt
+    points = rep.build(grid_rows(), ["sweep-bb"])["points"]
+    fig = rep.grid_figure(points)
+    try:
+        by_x = {ax.get_xlabel(): ax for ax in fig.axes if ax.get_visible()}
+        assert set(by_x) == {"TOTAL_BATCH_SIZE", "budget (seconds)"}
+        def legend(ax):
+            return [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend(by_x["TOTAL_BATCH_SIZE"]) == ["60s", "120s", "best point"]             # a line per budget
+        assert by_x["TOTAL_BATCH_SIZE"].get_legend().get_title().get_text() == "budget"
+        assert legend(by_x["budget (seconds)"]) == ["2**16", "2**17", "best point"]
+        assert [t.get_text() for t in by_x["TOTAL_BATCH_SIZE"].get_xticklabels()] == ["2**16", "2**17"]
+        bars = [c for c in by_x["TOTAL_BATCH_SIZE"].containers if c.has_yerr]
+        assert len(bars) == 2
+        (_, caps, (segments,)) = bars[1]                                        # budget=120s: the 3-seed point
+        (y0, y1) = sorted(segments.get_segments()[0][:, 1])
+        assert (y0, y1) == (pytest.approx(1.19), pytest.approx(1.21))
+    finally:
+        plt.close(fig)
+    assert rep.grid_plot(points, tmp_path / "g.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_piped_sweep_report_is_a_points_table_and_writes_the_grid_plot(tmp_path):
+    led = Ledger(tmp_path / "runs" / "sweep-bb")
+    for r in grid_rows():
+        led.append(r)
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": ""}
+    r = subprocess.run([AR, "report", "--repo", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    title = out.index("sweep bb: 5 points (4 done, 1 pruned) — sweep-bb")
+    assert out[title + 1].split("\t") == ["#", "TOTAL_BATCH_SIZE", "budget", "val_bpb (mean)", "± (sd)", "seeds",
+                                          "state", "commit"]
+    table = out[title + 2:out.index("", title)]
+    assert [ln.split("\t")[1:3] for ln in table] == [["2**16", "120s"], ["2**17", "120s"], ["2**17", "60s"],
+                                                      ["2**16", "60s"], ["2**18", "60s"]]
+    grid = tmp_path / "runs" / "sweep-bb" / "grid.png"
+    assert f"grid plot: {grid}" in out and grid.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_all_tags_with_a_run_and_a_sweep_get_both_plots(upstream_repo, tmp_path, monkeypatch, capsys):
+    led = Ledger(upstream_repo / "runs" / "sweep-bb")
+    for r in grid_rows():
+        led.append(r)
+    png = tmp_path / "p.png"
+    code, out, err = ar(["report", "--repo", upstream_repo, "--all", "--json", "--plot", png], monkeypatch, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["plot"] == str(png) and data["grid_plot"] == str(tmp_path / "p-grid.png")
+    assert (tmp_path / "p-grid.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert len(data["top"]) == 6 and {e["commit"] for e in data["top"]}.isdisjoint(
+        c for p in data["points"] for c in p["commits"])              # the run's table holds the run's rows only
+    assert data["best"]["commit"] == "a7b8c9d" and len(data["points"]) == 5
+
+
 def test_missing_and_empty_results_are_one_line_exit_1(tmp_path, monkeypatch, capsys):
     code, out, err = ar(["report", "--repo", tmp_path], monkeypatch, capsys)
     assert code == 1 and out == "" and err.count("\n") == 1

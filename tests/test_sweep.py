@@ -4,13 +4,14 @@ then end to end through the real Loop on temp git repos with a scripted train st
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from autoresearch import sweep as sw
 from autoresearch import sweepfile as sf
 from autoresearch.errors import ConfigError
-from autoresearch.ledger import Row, Status
+from autoresearch.ledger import COLUMNS, Row, Status, read_results
 
 KNOBS = {"DEPTH": 8, "TOTAL_BATCH_SIZE": 2**19, "DEVICE_BATCH_SIZE": "auto", "LR_MULT": 1.0,
          "WINDOW_PATTERN": "L", "VALUE_EMBEDS": True, "COMPILE_MODEL": "auto", "CPU_BATCH_DIVISOR": 64}
@@ -95,6 +96,18 @@ def test_expansion_is_product_order_then_seeds():
     assert pts[0].label == "TOTAL_BATCH_SIZE=2**17 budget=600s seed=1"
 
 
+def test_labels_show_every_axis_that_varies_the_budget_too():
+    grid = sf.expand(parse({"axes": {"TOTAL_BATCH_SIZE": [2**16, 2**17], "TIME_BUDGET": [60, 120],
+                                     "DEPTH": [8]}}))
+    assert [p.label for p in grid] == ["TOTAL_BATCH_SIZE=2**16 budget=60s", "TOTAL_BATCH_SIZE=2**16 budget=120s",
+                                       "TOTAL_BATCH_SIZE=2**17 budget=60s", "TOTAL_BATCH_SIZE=2**17 budget=120s"]
+    assert [p.grid for p in grid] == [0, 1, 2, 3]
+    fixed = sf.expand(parse({"axes": {"TOTAL_BATCH_SIZE": [2**16, 2**17]}, "fixed": {"TIME_BUDGET": 60}}))
+    assert [p.label for p in fixed] == ["TOTAL_BATCH_SIZE=2**16", "TOTAL_BATCH_SIZE=2**17"]
+    one = sf.expand(parse({"axes": {"LR_MULT": [0.5]}, "seeds": [1, 2]}))
+    assert [p.label for p in one] == ["LR_MULT=0.5 seed=1", "LR_MULT=0.5 seed=2"] and [p.grid for p in one] == [0, 0]
+
+
 def test_order_listed_and_cheap_first_is_stable():
     s = parse({"axes": {"LR_MULT": [0.5, 1.0], "TIME_BUDGET": [1200, 300, 600]}})
     pts = sf.expand(s)
@@ -108,16 +121,18 @@ def test_order_listed_and_cheap_first_is_stable():
 
 # ------------------------------------------------------------------------------------- resume keys
 
-def _row(knobs, budget, status, base="abcdef1234", seed=42, val=1.0, commit="c0ffee0"):
-    return Row(commit=commit, val_bpb=val, memory_gb=1.0, status=Status(status),
-               description=f"sweep t: x base={base[:12]}", knobs=dict(knobs), time_budget=budget, seed=seed)
+def _row(axes, budget, status, base="abcdef1234", seed=42, val=1.0, commit="c0ffee0", extra=None):
+    """A ledger row of the point `axes` (+ budget) of sweep t on `base`; `extra`: other knobs it ran with."""
+    return Row(commit=commit, val_bpb=val, memory_gb=1.0, status=Status(status), description="sweep t: x",
+               knobs={**axes, **(extra or {})}, time_budget=budget, seed=seed,
+               sweep={"name": "t", "point": 0, "axes": {**axes, "TIME_BUDGET": budget}, "base": base[:12]})
 
 
 def test_point_states_done_crashed_and_retry():
     s = parse({"axes": {"LR_MULT": [0.5, 1.0, 2.0], "TIME_BUDGET": [300]}})
     pts = sf.expand(s)
     base = "abcdef1234567890"
-    rows = [_row({"LR_MULT": 0.5, "DEPTH": 8}, 300, "discard", base),     # done (extra knobs in row ignored)
+    rows = [_row({"LR_MULT": 0.5}, 300, "discard", base, extra={"DEPTH": 8}),  # done (other knobs ignored)
             _row({"LR_MULT": 1.0}, 300, "crash", base),                     # crashed
             _row({"LR_MULT": 2.0}, 300, "keep", "0123456789ab"),            # another base: not this point
             _row({"LR_MULT": 2.0}, 600, "keep", base),                      # another budget
@@ -134,6 +149,73 @@ def test_point_key_matches_int_and_float_and_explicit_seed():
     base = "abcdef1234567890"
     assert sf.point_states(sf.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=7)], base) == {0: "done"}
     assert sf.point_states(sf.expand(s), [_row({"LR_MULT": 1}, 300.0, "keep", base, seed=8)], base) == {0: "todo"}
+
+
+def test_the_identity_round_trips_through_results_tsv(tmp_path):
+    from autoresearch.ledger import Ledger
+    s = parse({"name": "bb", "axes": {"TOTAL_BATCH_SIZE": [2**17, 2**16], "TIME_BUDGET": [60, 120]}})
+    base = "abcdef1234567890abcdef1234567890abcdef12"
+    pts = sf.expand(s)
+    led = Ledger(tmp_path / "sweep-bb")
+    for p in pts:
+        led.append(Row(commit="c0ffee0", val_bpb=1.0, memory_gb=None, status=Status.DISCARD,
+                       description=sf.describe(s, p), knobs=dict(p.knobs), time_budget=p.time_budget, seed=42,
+                       sweep=sf.identity(s, p, base)))
+    rows = read_results(tmp_path / "sweep-bb" / "results.tsv")
+    assert rows[3].sweep == {"name": "bb", "point": 3, "axes": {"TOTAL_BATCH_SIZE": 2**16, "TIME_BUDGET": 120},
+                             "base": base[:12]}
+    assert list(rows[3].sweep["axes"]) == ["TOTAL_BATCH_SIZE", "TIME_BUDGET"]   # the file's order, for labels
+    assert "base=" not in rows[0].description
+    assert sf.point_states([replace(p, seed=42) for p in pts], rows, base) == {i: "done" for i in range(4)}
+    assert sf.point_states(pts, rows, "0123456789ab") == {i: "todo" for i in range(4)}   # another base
+
+
+OLD_COLUMNS = tuple(c for c in COLUMNS if c != "sweep")   # what ar wrote before the sweep column
+
+
+def old_line(**fields) -> str:
+    row = dict.fromkeys(OLD_COLUMNS, "")
+    row.update(fields)
+    return "\t".join(row[c] for c in OLD_COLUMNS) + "\n"
+
+
+def test_an_old_header_reads_and_migrates_on_the_next_append(tmp_path):
+    from autoresearch.ledger import Ledger
+    d = tmp_path / "sweep-bb"
+    d.mkdir()
+    done = "2026-11-30T10:00:00+00:00"
+    point = old_line(commit="abc1234", val_bpb="1.100000", status="discard", exp_id="1", time_budget="120",
+                     seed="42", knobs='"{""DEPTH"":8,""TOTAL_BATCH_SIZE"":65536}"', finished_at=done,
+                     description="sweep bb: TOTAL_BATCH_SIZE=2**16 budget=120s seed=42 base=abcdef123456")
+    other = old_line(commit="def5678", val_bpb="1.200000", status="keep", exp_id="2", description="a\tb",
+                     finished_at=done).replace("a\tb", '"a\tb"')
+    corrupt = "bad\tline\n"
+    (d / "results.tsv").write_text("\t".join(OLD_COLUMNS) + "\n" + point + other + corrupt + point[:40])
+    warned = []
+    rows = read_results(d / "results.tsv", warn=warned.append)
+    assert [r.commit for r in rows] == ["abc1234", "def5678"] and len(warned) == 2
+    assert rows[0].sweep == {"name": "bb", "point": None, "axes": {"TOTAL_BATCH_SIZE": 65536, "TIME_BUDGET": 120.0},
+                             "base": "abcdef123456"}
+    assert rows[1].sweep == {} and rows[1].description == "a\tb"
+    # the next append brings the header up to date; what was recorded reads the same
+    led = Ledger(d, warn=warned.append)
+    led.append(Row(commit="0a1b2c3", val_bpb=1.0, memory_gb=None, status=Status.DISCARD, description="new",
+                   sweep={"name": "bb", "point": 0, "axes": {"TIME_BUDGET": 60}, "base": "abcdef123456"}))
+    text = (d / "results.tsv").read_text()
+    assert text.startswith("\t".join(COLUMNS) + "\n") and text.count("\n") == 5   # the cut line is gone
+    assert "bad\tline\n" in text                                                   # a corrupt line is left as it was
+    after = read_results(d / "results.tsv", warn=lambda m: None)
+    assert after[:2] == rows and after[2].sweep["point"] == 0 and after[2].description == "new"
+    assert any("added the column(s) sweep" in w for w in warned)
+    assert not list(d.glob("*.migrating"))
+
+
+def test_an_upstream_results_tsv_is_still_refused_for_appends(tmp_path):
+    from autoresearch.ledger import Ledger, LedgerError
+    (tmp_path / "results.tsv").write_text("commit\tval_bpb\tmemory_gb\tstatus\tdescription\n")
+    with pytest.raises(LedgerError, match="other columns than ar writes"):
+        Ledger(tmp_path).append(Row("abc", 1.0, None, Status.KEEP, "x"))
+    assert (tmp_path / "results.tsv").read_text().count("\n") == 1
 
 
 def test_overhead_estimate():
@@ -211,7 +293,6 @@ from pathlib import Path  # noqa: E402
 import git  # noqa: E402
 import yaml  # noqa: E402
 
-from autoresearch.ledger import read_results  # noqa: E402
 from test_report import ar  # noqa: E402  (the in-process `ar` runner)
 
 FAKE_TRAIN = Path(__file__).parent / "fixtures" / "fake_train.py"
@@ -300,17 +381,67 @@ def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypat
     code, out, err = ar(args, monkeypatch, capsys)
     assert code == 0 and "0 of 4 points to run, 4 already done" in out and "ran 0 experiment(s)" in out
     assert len(sweep_rows(repo, "sweep-e2e")) == 4
-    # and the report reads it: best config, its knobs, the command, the per-knob summary
+    assert [r.sweep["axes"] for r in rows] == [{"LR_MULT": lr, "TOTAL_BATCH_SIZE": tbs, "TIME_BUDGET": 1}
+                                               for lr in (1.0, 2.0) for tbs in (2**17, 2**19)]
+    assert [r.sweep["point"] for r in rows] == [0, 1, 2, 3] and [r.sweep["name"] for r in rows] == ["e2e"] * 4
+    # and the report reads it as grid points, not keeps: the best point, its knobs, the command, the grid plot
     code, out, err = ar(["report", "--repo", repo, "--json"], monkeypatch, capsys)
     data = json.loads(out)
-    assert data["tags"] == ["sweep-e2e"] and len(data["experiments"]) == 4
+    assert data["tags"] == ["sweep-e2e"] and len(data["experiments"]) == 4 and data["top"] == []
+    first = data["points"][0]
+    assert (first["label"], first["n"], first["state"]) == ("LR_MULT=1.0 TOTAL_BATCH_SIZE=2**17", 1, "done")
+    assert [p["mean"] for p in data["points"]] == sorted(r.val_bpb for r in rows)
     best = data["best"]
     assert best["commit"] == rows[0].commit and best["knobs"]["LR_MULT"] == 1.0 and best["time_budget"] == 1.0
     assert best["command"] == f"git checkout {rows[0].commit} && AR_PROFILE=cpu AR_TIME_BUDGET=1 AR_SEED=42 python train.py"
-    assert [e["value"] for e in data["per_knob"]["TOTAL_BATCH_SIZE"]] == [2**17, 2**19]
+    assert data["grid_plot"] == str(repo / "runs" / "sweep-e2e" / "grid.png")
     png = tmp_path / "sweep.png"
     code, out, err = ar(["report", "--repo", repo, "--plot", png], monkeypatch, capsys)
-    assert code == 0 and "per-knob: LR_MULT" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"grid plot: {png}" in out
+    assert "sweep e2e: 4 points (4 done)" in out and "best point: LR_MULT=1.0 TOTAL_BATCH_SIZE=2**17" in out
+    assert "discard" not in out and "top " not in out
+
+
+def to_old_format(results: Path) -> None:
+    """Rewrite results.tsv as the ar before the sweep column wrote it: no such column, and the identity in the
+    description ("sweep NAME: <every axis> budget=Ns seed=S base=SHA")."""
+    import csv
+    with open(results, newline="") as f:
+        table = list(csv.DictReader(f, dialect="excel-tab"))
+    with open(results, "w", newline="") as f:
+        w = csv.writer(f, dialect="excel-tab", lineterminator="\n")
+        w.writerow(OLD_COLUMNS)
+        for r in table:
+            ident = json.loads(r["sweep"])
+            axes = " ".join(f"{k}={sf.show_value(v)}" for k, v in ident["axes"].items() if k != "TIME_BUDGET")
+            r["description"] = (f"sweep {ident['name']}: {axes} budget={sf.show_number(float(r['time_budget']))}s "
+                                f"seed={r['seed']} base={ident['base']}")
+            w.writerow([r[c] for c in OLD_COLUMNS])
+
+
+def test_an_old_format_sweep_resumes_reports_and_migrates(repo, tmp_path, monkeypatch, capsys):
+    f = write_sweep(tmp_path / "sweep-old.yaml", axes={"LR_MULT": [1.0], "TOTAL_BATCH_SIZE": ["2**17"]},
+                    fixed={"TIME_BUDGET": 0.5})
+    args = ["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"]
+    assert ar(args, monkeypatch, capsys)[0] == 0
+    results = repo / "runs" / "sweep-old" / "results.tsv"
+    to_old_format(results)
+    (old,) = read_results(results)
+    assert old.sweep["axes"] == {"LR_MULT": 1.0, "TOTAL_BATCH_SIZE": 2**17, "TIME_BUDGET": 0.5}  # from the text
+    # the grid grows by a point: the old row still counts as done, the new one runs and the file migrates
+    write_sweep(f, axes={"LR_MULT": [1.0, 2.0], "TOTAL_BATCH_SIZE": ["2**17"]}, fixed={"TIME_BUDGET": 0.5})
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert code == 0, out + err
+    assert "1 of 2 points to run, 1 already done" in out and "ran 1 experiment(s)" in out
+    assert results.read_text().split("\n", 1)[0] == "\t".join(COLUMNS)
+    first, new = read_results(results)
+    assert first == old and new.sweep["axes"] == {"LR_MULT": 2.0, "TOTAL_BATCH_SIZE": 2**17, "TIME_BUDGET": 0.5}
+    code, out, err = ar(args, monkeypatch, capsys)
+    assert "0 of 2 points to run, 2 already done" in out
+    code, out, err = ar(["report", "--repo", repo, "--json"], monkeypatch, capsys)
+    assert [p["label"] for p in json.loads(out)["points"]] == ["LR_MULT=1.0", "LR_MULT=2.0"]
+    code, out, err = ar(["report", "--repo", repo], monkeypatch, capsys)
+    assert code == 0 and "sweep old: 2 points (2 done)" in out and "0.5s" in out and "AR_TIME_BUDGET=0.5" in out
 
 
 def test_early_stop_prunes_the_losers_and_keeps_the_winner(repo, tmp_path, monkeypatch, capsys):
@@ -342,7 +473,7 @@ def test_halving_leaves_out_the_losers_of_the_smaller_budget(repo, tmp_path, mon
     rows = sweep_rows(repo, "sweep-sh")
     assert [(r.knobs["LR_MULT"], r.time_budget, r.status.value) for r in rows] == [
         (2.0, 0.6, "keep"), (1.0, 0.6, "keep"), (1.0, 1.2, "discard")]
-    assert "left out LR_MULT=2.0 budget=1.2s seed=42: halving: ranked 2 of 2 at budget 0.6s" in out
+    assert "left out LR_MULT=2.0 budget=1.2s: halving: ranked 2 of 2 at budget 0.6s" in out
 
 
 def test_validate_top_reruns_with_other_seeds_and_calls_ties(repo, tmp_path, monkeypatch, capsys):

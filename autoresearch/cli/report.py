@@ -1,4 +1,4 @@
-"""CLI commands: report — the best config, the top table, the per-knob summary, a progress plot, JSON."""
+"""CLI commands: report — the best config, the top table or a sweep's points, the per-knob summary, plots, JSON."""
 
 from __future__ import annotations
 
@@ -19,18 +19,20 @@ def report(
     all_tags: Annotated[bool, typer.Option("--all", help="Every tag under runs/, oldest first.")] = False,
     top: Annotated[int, typer.Option(help="Rows in the top table.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-    plot: Annotated[Optional[Path], typer.Option(help="Write the progress plot to this PNG.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Write the plot to this PNG: the progress plot, or a sweep's grid plot (default runs/<tag>/grid.png)."
+    )] = None,
 ) -> None:
     """Read the results of a run or a sweep: the best config and how to reproduce it."""
-    tags, rows = rep.load(repo, tag, all_tags,
-                          warn=lambda msg: err_console.print(f"warning: {msg}", highlight=False, soft_wrap=True))
+    warn = lambda msg: err_console.print(f"warning: {msg}", highlight=False, soft_wrap=True)  # noqa: E731
+    tags, rows = rep.load(repo, tag, all_tags, warn=warn)
     data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row))
-    if plot is not None:
-        data["plot"] = str(rep.plot(rows, plot, title=f"{', '.join(tags)}: {len(rows)} experiments"))
+    plots = rep.write_plots(data, rows, repo, plot, warn)
+    data.update(plots)
     if as_json:
         console.out(json.dumps(data), highlight=False)
         return
     for s in rep.sections(data):
         print_table(s.title, s.columns, s.rows)
-    if plot is not None:
-        console.print(f"plot: {data['plot']}", highlight=False, soft_wrap=True)
+    for name, path in plots.items():
+        console.print(f"{name.replace('_', ' ')}: {path}", highlight=False, soft_wrap=True)

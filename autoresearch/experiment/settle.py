@@ -173,7 +173,8 @@ def make_row(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> 
                training_seconds=m.training_seconds if m else None, total_seconds=m.total_seconds if m else None,
                num_steps=m.num_steps if m else None, total_tokens_M=m.total_tokens_M if m else None,
                time_budget=x.time_budget if x.sha else None, seed=x.seed if x.sha else None,
-               knobs=x.knobs, reason=reason, started_at=x.started_at)
+               knobs=x.knobs, reason=reason, started_at=x.started_at,
+               sweep=dict(x.spec.payload.get("sweep") or {}))  # a sweep point's identity, from its spec
 
 
 def fire(lp, row: Row) -> None:
