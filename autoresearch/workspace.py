@@ -1,7 +1,9 @@
 """`ar init DIR`: a workspace for someone who installed the package rather than cloning the repo.
 
-The package ships train.py, program.md and the configs under autoresearch/resources/ (in a clone these are
-links to the top-level files, so the repository keeps one copy and a wheel gets real files). init copies them
+The package ships pristine train.py, program.md and configs/ under autoresearch/resources/ as real files, not
+links to the checkout's top-level copies: those are a workspace too (experiments edit train.py on autoresearch/*
+branches), so a link would hand init whatever was last tuned there, and would put a file that every proposal
+changes inside the fingerprinted package. tests/test_init.py keeps the two byte-equal on main. init copies them
 into DIR (train.py and program.md at the top, every YAML file under configs/), ignores runs/, and makes DIR a
 git repository with one commit, so that `ar run` can start there at once.
 """
@@ -38,7 +40,7 @@ def plan(resources: Path) -> dict[str, Path]:
     if missing:
         raise ArError(f"this installation of ar has no packaged {', '.join(missing)} (looked in {resources}); "
                       "reinstall it (pip install --force-reinstall autoresearch-ar) or clone the repository")
-    for folder, _, names in sorted(os.walk(resources, followlinks=True)):  # resources/configs is a link in a clone
+    for folder, _, names in sorted(os.walk(resources, followlinks=True)):
         for name in sorted(names):
             src = Path(folder) / name
             if src.suffix in (".yaml", ".yml") and src.is_file():

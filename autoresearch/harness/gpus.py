@@ -9,12 +9,15 @@ wrong number.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from ..errors import ConfigError
 
 PACKAGED_TABLE = Path(__file__).resolve().parents[1] / "resources" / "gpus.yaml"
 USER_TABLE = "~/.config/ar/gpus.yaml"
@@ -115,6 +118,24 @@ def read_override(extra: str | os.PathLike | None = None) -> Override | None:
     if not path.exists():
         raise ValueError(f"GPU table {path} ({origin}) does not exist; create it or unset {origin}")
     return Override(path, origin, _read(path, f"GPU table {path}", fix))
+
+
+def check_override() -> Override | None:
+    """Read the override file (and AR_PEAK_TFLOPS) when a command starts: a mistake there is a config error (exit 2)
+    before anything runs, rather than a crash of the first GPU experiment, which is where the table is first read."""
+    peak = os.environ.get("AR_PEAK_TFLOPS")
+    if peak:
+        try:
+            ok = math.isfinite(float(peak)) and float(peak) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"AR_PEAK_TFLOPS={peak!r} is not a positive number of TFLOP/s; set it to your GPU's "
+                              "dense BF16 peak (e.g. 209.5) or unset it")
+    try:
+        return read_override()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_table(extra: str | os.PathLike | None = None) -> list[GpuRow]:
