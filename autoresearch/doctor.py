@@ -395,7 +395,8 @@ def blocking(checks: list[Check]) -> bool:
 
 
 def config_error(checks: list[Check]) -> ConfigError | None:
-    """A broken GPU table file is bad input, exit 2 as for `ar run` (its ✗ line names the file and the fix)."""
+    """A broken GPU table override file (or AR_PEAK_TFLOPS) is bad input: exit 2, as for `ar run` (its ✗ line
+    names the file and the fix)."""
     bad = next((c for c in checks if c.name == GPU_TABLE and c.state == FAIL), None)
     return ConfigError(bad.detail) if bad else None
 

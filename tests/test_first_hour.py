@@ -1,8 +1,10 @@
-"""Regression tests for what broke in a new user's first hour (sweep beside a run, fixing a crashed baseline,
-a slow last step, bad numbers, resuming with other settings, help text, a garbage results line)."""
+"""Regression tests for what broke in a new user's first hour (the quick start in a new workspace, sweep beside a
+run, fixing a crashed baseline, a slow last step, bad numbers, resuming with other settings, help text, a garbage
+results line)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from autoresearch.gitops import GitRepo
 from autoresearch.knobs import set_knobs
 from autoresearch.ledger import Status, read_results
 from autoresearch.loop import Loop
+from autoresearch.workspace import packaged_resources
 
 from test_loop import cfg, make_repo
 
@@ -112,3 +115,29 @@ def test_report_names_a_garbage_line_and_goes_on(tmp_path, prepared_cache):
     r = CliRunner().invoke(app, ["report", "--repo", str(root), "--tag", "t"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "line 3" in r.output and "baseline" in r.output, r.output
+
+
+@pytest.mark.slow
+def test_the_quick_start_in_a_new_workspace(tmp_path, prepared_cache):
+    """The README's quick start through the real command line: `ar init X && cd X && ar run --max-experiments N`
+    from an empty folder, then `ar report --plot`. Small: the shared tiny dataset linked as `builtin`, a 3-s
+    budget, 2 runs of the baseline for the noise and one proposal (the README's 3 + 3, scaled down)."""
+    init = ar("init", "myrun", cwd=tmp_path)
+    assert init.returncode == 0, init.stdout + init.stderr
+    assert "cd myrun && ar run --max-experiments 6" in init.stdout, init.stdout
+    ws = tmp_path / "myrun"
+    assert (ws / "train.py").read_bytes() == (packaged_resources() / "train.py").read_bytes()
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--max-experiments", "3", "--time-budget", "3",
+                        "--calibrate-noise", "2"], cwd=ws, capture_output=True, text=True, timeout=540,
+                       env={k: v for k, v in os.environ.items() if k != "AR_PROFILE"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert "noise calibration: 2 runs of the baseline" in out and "stopped: reached --max-experiments 3" in out, out
+    [results] = ws.glob("runs/*/results.tsv")
+    rows = read_results(results)
+    assert [r.description.split(":")[0] for r in rows] == ["baseline", "noise calibration", "strategy"], rows
+    assert rows[0].status is Status.KEEP and rows[0].val_bpb is not None
+    plot = ar("report", "--plot", "progress.png", cwd=ws)
+    assert plot.returncode == 0, plot.stdout + plot.stderr
+    assert "best:" in plot.stdout and (ws / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert GitRepo(ws).dirty_paths() == []          # the workspace is left clean: train.py is the best's

@@ -61,7 +61,9 @@ def init(
     ws = init_workspace(directory, force=force)
     console.print(f"created {ws.path} with {len(ws.files)} files (commit {ws.commit[:7]}). Next:",
                   highlight=False, soft_wrap=True)
-    console.print(f"  cd {directory} && ar run --max-experiments 3\n  ar report", highlight=False, soft_wrap=True)
+    # the README's quick start: 3 runs of the baseline (the noise), then 3 proposals
+    console.print(f"  cd {directory} && ar run --max-experiments 6\n  ar report --plot progress.png", highlight=False,
+                  soft_wrap=True)
 
 
 def _print_checks(checks: list[dr.Check]) -> None:

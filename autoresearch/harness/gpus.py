@@ -3,8 +3,9 @@
 MFU divides achieved model FLOP/s by the GPU's dense BF16 peak from the packaged table
 (autoresearch/resources/gpus.yaml, the only copy; never a hard-coded H100 figure). A user's override file —
 $AR_GPUS_FILE if set, else ~/.config/ar/gpus.yaml if it exists — replaces rows of the same name and adds
-others. An unknown GPU, or a row whose peak is not published, gives MFU None ("unknown"), never a silently
-wrong number.
+others; `ar run`, `ar sweep` and `ar doctor` read it when they start (`check_override`), so a broken one is a
+config error before anything runs. An unknown GPU, or a row whose peak is not published, gives MFU None
+("unknown"), never a silently wrong number.
 """
 
 from __future__ import annotations
