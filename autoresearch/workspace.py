@@ -19,7 +19,8 @@ from pathlib import Path
 from .errors import ArError, GitError
 
 TOP_LEVEL = ("train.py", "program.md")
-GITIGNORE = "runs/\n__pycache__/\n*.pyc\n"
+# results, bytecode, and the README's report outputs: `ar doctor` counts any other untracked file against the repo
+GITIGNORE = "runs/\n__pycache__/\n*.pyc\nprogress.png\nresults.json\n"
 
 
 @dataclass(frozen=True)
