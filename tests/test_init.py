@@ -108,7 +108,7 @@ def test_cli_init_prints_the_next_commands(tmp_path):
     result = runner.invoke(app, ["init", str(tmp_path / "ws")])
     assert result.exit_code == 0, result.output
     assert f"cd {tmp_path / 'ws'} && ar run --max-experiments 6" in result.output and "ar report" in result.output
-    assert (tmp_path / "ws" / "train.py").read_bytes() == (ROOT / "train.py").read_bytes()
+    assert (tmp_path / "ws" / "train.py").read_bytes() == (packaged_resources() / "train.py").read_bytes()
     assert not (tmp_path / "ws" / "configs" / "gpus.yaml").exists()   # read from the package, not copied
     again = runner.invoke(app, ["init", str(tmp_path / "ws")])
     assert again.exit_code == 1 and "not empty" in str(again.exception)
