@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from .errors import ArError
+from .errors import ArError, ConfigError
 from .harness import gpus
 from .harness.env import default_cache, resolve_profile
 
@@ -135,17 +135,21 @@ def check_peak(device_name: str, lookup: Callable[[str], gpus.Peak] = gpus.looku
     return Check("peak", WARN, "unknown: MFU will read 'unknown'", f"{gpus.HOW_TO_ADD}, or set AR_PEAK_TFLOPS")
 
 
-def check_gpu_table(read_override: Callable[[], gpus.Override | None] = gpus.read_override) -> Check:
-    """Which override file of the peak table is in use, if any; a broken one is one line with its fix."""
+GPU_TABLE = "gpu table"
+
+
+def check_gpu_table(read_override: Callable[[], gpus.Override | None] = gpus.check_override) -> Check:
+    """Which override file of the peak table is in use, if any; a broken one (or a bad AR_PEAK_TFLOPS) is one
+    line with its fix, and makes `ar doctor` exit 2 like any bad config file (`config_error`)."""
     try:
         own = read_override()
-    except ValueError as e:
-        return Check("gpu table", FAIL, str(e))
+    except (ValueError, ConfigError) as e:
+        return Check(GPU_TABLE, FAIL, str(e))
     if own is None:
-        return Check("gpu table", OK, f"the packaged table; no override file (AR_GPUS_FILE unset, no "
+        return Check(GPU_TABLE, OK, f"the packaged table; no override file (AR_GPUS_FILE unset, no "
                                       f"{gpus.USER_TABLE})")
     how = "" if own.origin == "default" else f", from {own.origin}"
-    return Check("gpu table", OK, f"the packaged table with {len(own.rows)} row(s) from {own.path}{how}")
+    return Check(GPU_TABLE, OK, f"the packaged table with {len(own.rows)} row(s) from {own.path}{how}")
 
 
 AR_SCRIPT_MARK = b"autoresearch.cli"  # what pip's console script for ar imports
@@ -364,7 +368,7 @@ def run_checks(repo: Path, *, dataset: str = "builtin", agent: str | None = None
                cache: Path | None = None, facts: TorchFacts | None = None, sdpa: Callable = sdpa_probe,
                compile_test: Callable = compile_probe, data_checker: Callable | None | str = "import",
                which: Callable = shutil.which, disk_usage: Callable | None = None,
-               lookup: Callable = gpus.lookup, read_override: Callable = gpus.read_override,
+               lookup: Callable = gpus.lookup, read_override: Callable = gpus.check_override,
                version_line: Callable = ar_version_line) -> list[Check]:
     """Every check, in order; the GPU ones only when a GPU is visible."""
     repo, cache = Path(repo).resolve(), Path(cache or default_cache())
@@ -390,32 +394,43 @@ def blocking(checks: list[Check]) -> bool:
     return any(c.state == FAIL for c in checks)
 
 
-def blocking_message(checks: list[Check], probe: ProbeReport | None = None) -> str | None:
-    """Why a run would not work (a failed check, or a probe that found no correct path), or None."""
+def config_error(checks: list[Check]) -> ConfigError | None:
+    """A broken GPU table override file (or AR_PEAK_TFLOPS) is bad input: exit 2, as for `ar run` (its ✗ line
+    names the file and the fix)."""
+    bad = next((c for c in checks if c.name == GPU_TABLE and c.state == FAIL), None)
+    return ConfigError(bad.detail) if bad else None
+
+
+def blocking_error(checks: list[Check], probe: ProbeReport | None = None) -> ArError | None:
+    """Why a run would not work, as the error to exit with: bad input (exit 2) first, else a failed check or a
+    probe that found no correct path (exit 1); None when nothing blocks."""
+    bad = config_error(checks)
+    if bad:
+        return bad
     failed = [c.name for c in checks if c.state == FAIL]
     if failed:
-        return f"{len(failed)} check(s) failed ({', '.join(failed)}): fix the ✗ lines before `ar run`"
+        return ArError(f"{len(failed)} check(s) failed ({', '.join(failed)}): fix the ✗ lines before `ar run`")
     if probe is not None and probe.choice is None:
-        return "the probe found no path that runs correctly; see its table; train.py keeps its defaults"
+        return ArError("the probe found no path that runs correctly; see its table; train.py keeps its defaults")
     return None
 
 
 def raise_if_blocking(checks: list[Check], probe: ProbeReport | None = None) -> None:
-    message = blocking_message(checks, probe)
-    if message:
-        raise ArError(message)
+    error = blocking_error(checks, probe)
+    if error:
+        raise error
 
 
 NO_GPU = "the probe needs a CUDA GPU; nothing to measure here (CPU runs use fixed settings)"
 
 
 def as_json(checks: list[Check], probed: bool = False, probe: ProbeReport | None = None) -> dict:
-    """The checklist as one JSON-ready dict; when a run would not work, also `error` and `exit_code` (1), the
-    keys every `--json` error has."""
+    """The checklist as one JSON-ready dict; when a run would not work, also `error` and `exit_code` (1, or 2 for
+    a broken GPU table), the keys every `--json` error has."""
     doc = {"ok": not blocking(checks), "checks": [asdict(c) for c in checks]}
     if probed:
         doc["probe"] = probe.as_dict() if probe is not None else {"skipped": NO_GPU}
-    message = blocking_message(checks, probe)
-    if message:
-        doc.update(error=message, exit_code=ArError.exit_code)
+    error = blocking_error(checks, probe)
+    if error:
+        doc.update(error=str(error), exit_code=error.exit_code)
     return doc

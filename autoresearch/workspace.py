@@ -1,7 +1,9 @@
 """`ar init DIR`: a workspace for someone who installed the package rather than cloning the repo.
 
-The package ships train.py, program.md and the configs under autoresearch/resources/ (in a clone these are
-links to the top-level files, so the repository keeps one copy and a wheel gets real files). init copies them
+The package ships pristine train.py, program.md and configs/ under autoresearch/resources/ as real files, not
+links to the checkout's top-level copies: those are a workspace too (experiments edit train.py on autoresearch/*
+branches), so a link would hand init whatever was last tuned there, and would put a file that every proposal
+changes inside the fingerprinted package. tests/test_init.py keeps the two byte-equal on main. init copies them
 into DIR (train.py and program.md at the top, every YAML file under configs/), ignores runs/, and makes DIR a
 git repository with one commit, so that `ar run` can start there at once.
 """
@@ -17,7 +19,8 @@ from pathlib import Path
 from .errors import ArError, GitError
 
 TOP_LEVEL = ("train.py", "program.md")
-GITIGNORE = "runs/\n__pycache__/\n*.pyc\n"
+# results, bytecode, and the README's report outputs: `ar doctor` counts any other untracked file against the repo
+GITIGNORE = "runs/\n__pycache__/\n*.pyc\nprogress.png\nresults.json\n"
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ def plan(resources: Path) -> dict[str, Path]:
     if missing:
         raise ArError(f"this installation of ar has no packaged {', '.join(missing)} (looked in {resources}); "
                       "reinstall it (pip install --force-reinstall autoresearch-ar) or clone the repository")
-    for folder, _, names in sorted(os.walk(resources, followlinks=True)):  # resources/configs is a link in a clone
+    for folder, _, names in sorted(os.walk(resources, followlinks=True)):
         for name in sorted(names):
             src = Path(folder) / name
             if src.suffix in (".yaml", ".yml") and src.is_file():

@@ -1,9 +1,17 @@
 """The GPU peak table: every row, every naming trap, overrides, and the MFU formula."""
 
+import json
+import os
+import subprocess
+import sys
+
+import git
 import pytest
 import yaml
 
+from autoresearch.errors import ConfigError
 from autoresearch.harness import gpus
+from autoresearch.workspace import init_workspace
 
 # (device name as torch reports it, expected dense BF16 TFLOP/s or None for "unknown")
 CASES = [
@@ -84,3 +92,58 @@ def test_mfu_formula():
     assert on_5090 / on_h100 == pytest.approx(989.5 / 209.5)
     assert gpus.mfu_percent(None, 1e8, 200.0) is None
     assert gpus.mfu_percent(1e6, 1e8, None) is None
+
+
+# ------------------------------------------------------------------ a broken override file stops a command at start
+def _ar(args, cwd, **env):
+    full = {k: v for k, v in os.environ.items() if k not in ("AR_GPUS_FILE", "AR_GPU_TABLE", "AR_PEAK_TFLOPS")}
+    return subprocess.run([sys.executable, "-m", "autoresearch", *args], cwd=cwd, env={**full, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """A workspace from `ar init`, and a HOME without the developer's own override file."""
+    init_workspace(tmp_path / "ws")
+    (tmp_path / "home").mkdir()
+    return tmp_path / "ws"
+
+
+@pytest.mark.parametrize("command", [["run", "--max-experiments", "1"], ["sweep", "configs/sweep-cpu-small.yaml"],
+                                     ["doctor"]])
+def test_a_bad_override_file_is_a_config_error_before_anything_runs(workspace, command):
+    bad = workspace.parent / "gpus.yaml"
+    bad.write_text("- {name: My GPU, match: [my, gpu], tflops: fast}\n")
+    r = _ar(command, workspace, AR_GPUS_FILE=str(bad), HOME=str(workspace.parent / "home"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"GPU table {bad}" in r.stderr and "tflops must be a positive number" in r.stderr, r.stderr
+    assert r.stderr.strip().endswith("fix the file or unset AR_GPUS_FILE"), r.stderr
+    assert not (workspace / "runs").exists()                                  # nothing started
+    assert len(git.Repo(workspace).branches) == 1                             # no experiment branch
+
+
+def test_the_default_override_file_is_checked_too(workspace):
+    home = workspace.parent / "home"
+    (home / ".config" / "ar").mkdir(parents=True)
+    user = home / ".config" / "ar" / "gpus.yaml"
+    user.write_text("name: My GPU\n")
+    r = _ar(["run"], workspace, HOME=str(home))
+    assert r.returncode == 2 and f"GPU table {user}" in r.stderr and "YAML list of rows" in r.stderr, r.stderr
+    assert "fix the file or move it away" in r.stderr and not (workspace / "runs").exists()
+    r = _ar(["doctor", "--json"], workspace, HOME=str(home))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc["exit_code"] == 2 and str(user) in doc["error"], r.stdout
+    assert any(c["name"] == "gpu table" and c["state"] == "fail" for c in doc["checks"])     # the checklist stays
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-5", "nan", "inf"])
+def test_a_bad_peak_override_is_a_config_error(value, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("AR_GPUS_FILE", raising=False)
+    monkeypatch.delenv("AR_GPU_TABLE", raising=False)
+    monkeypatch.setenv("AR_PEAK_TFLOPS", value)
+    with pytest.raises(ConfigError, match="AR_PEAK_TFLOPS=.*positive number.*unset it"):
+        gpus.check_override()
+    monkeypatch.setenv("AR_PEAK_TFLOPS", "209.5")
+    assert gpus.check_override() is None

@@ -1,6 +1,7 @@
 """CLI commands: doctor (the checklist and the backend probe) and init (a new workspace).
 
-`ar doctor` exits 1 when a check fails (✗: a run would not work), else 0. `ar doctor --probe` also exits 1
+`ar doctor` exits 1 when a check fails (✗: a run would not work), 2 when the GPU table override file is broken
+(bad input, as for `ar run`), else 0. `ar doctor --probe` also exits 1
 when no candidate passed the correctness check (or none could run); on a machine without a CUDA GPU it says
 so in one line and adds nothing to the exit code (there is no backend to choose: CPU runs use fixed settings).
 """
@@ -38,6 +39,7 @@ def doctor(
     checks = dr.run_checks(repo, dataset=cfg.dataset, agent=cfg.agent, profile=cfg.profile)
     if not as_json:
         _print_checks(checks)
+    probe = probe and dr.config_error(checks) is None  # a broken GPU table: exit 2 now, not after the probe
     report = pr.probe(repo, budget_s=probe_budget, progress=None if as_json else _print_result) if probe else None
     if as_json:  # one document, the verdict inside: a second (error) object would make stdout invalid JSON
         doc = dr.as_json(checks, probe, report)
@@ -59,7 +61,9 @@ def init(
     ws = init_workspace(directory, force=force)
     console.print(f"created {ws.path} with {len(ws.files)} files (commit {ws.commit[:7]}). Next:",
                   highlight=False, soft_wrap=True)
-    console.print(f"  cd {directory} && ar run --max-experiments 3\n  ar report", highlight=False, soft_wrap=True)
+    # the README's quick start: 3 runs of the baseline (the noise), then 3 proposals
+    console.print(f"  cd {directory} && ar run --max-experiments 6\n  ar report --plot progress.png", highlight=False,
+                  soft_wrap=True)
 
 
 def _print_checks(checks: list[dr.Check]) -> None:

@@ -12,6 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from ..config import load_config
+from ..harness.gpus import check_override as check_gpu_table
 from ..ledger import Row, Status
 from ..loop import Event, Summary
 from ..session import build, read_status
@@ -110,6 +111,7 @@ def run(
                                "max_consecutive_crashes": max_consecutive_crashes,
                                "sandbox": False if unsandboxed else None, **scale_out(
                                    gpus, stale_policy, executor, address)})
+    check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU experiment
     view = LiveView()
     loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,
                  command="ar " + " ".join(sys.argv[1:]))

@@ -13,6 +13,7 @@ from . import app, console
 from .. import sweep as sw
 from .. import sweepfile as sf
 from ..config import load_config
+from ..harness.gpus import check_override as check_gpu_table
 from .run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
 
 
@@ -33,6 +34,7 @@ def sweep(
 ) -> None:
     """Run a sweep file: each point a commit on autoresearch/sweep-<name>; a second call resumes it."""
     cfg = load_config(config, scale_out(gpus, stale_policy, executor, address))
+    check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU point
     plan = sf.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
     table = Table("#", "state", "budget", "point", title=f"plan ({order or plan.sweep.order})", title_justify="left")
     for row in plan.rows():

@@ -3,18 +3,22 @@
 MFU divides achieved model FLOP/s by the GPU's dense BF16 peak from the packaged table
 (autoresearch/resources/gpus.yaml, the only copy; never a hard-coded H100 figure). A user's override file —
 $AR_GPUS_FILE if set, else ~/.config/ar/gpus.yaml if it exists — replaces rows of the same name and adds
-others. An unknown GPU, or a row whose peak is not published, gives MFU None ("unknown"), never a silently
-wrong number.
+others; `ar run`, `ar sweep` and `ar doctor` read it when they start (`check_override`), so a broken one is a
+config error before anything runs. An unknown GPU, or a row whose peak is not published, gives MFU None
+("unknown"), never a silently wrong number.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from ..errors import ConfigError
 
 PACKAGED_TABLE = Path(__file__).resolve().parents[1] / "resources" / "gpus.yaml"
 USER_TABLE = "~/.config/ar/gpus.yaml"
@@ -115,6 +119,24 @@ def read_override(extra: str | os.PathLike | None = None) -> Override | None:
     if not path.exists():
         raise ValueError(f"GPU table {path} ({origin}) does not exist; create it or unset {origin}")
     return Override(path, origin, _read(path, f"GPU table {path}", fix))
+
+
+def check_override() -> Override | None:
+    """Read the override file (and AR_PEAK_TFLOPS) when a command starts: a mistake there is a config error (exit 2)
+    before anything runs, rather than a crash of the first GPU experiment, which is where the table is first read."""
+    peak = os.environ.get("AR_PEAK_TFLOPS")
+    if peak:
+        try:
+            ok = math.isfinite(float(peak)) and float(peak) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"AR_PEAK_TFLOPS={peak!r} is not a positive number of TFLOP/s; set it to your GPU's "
+                              "dense BF16 peak (e.g. 209.5) or unset it")
+    try:
+        return read_override()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_table(extra: str | os.PathLike | None = None) -> list[GpuRow]:
