@@ -198,6 +198,8 @@ class Loop:
             self.queue.add("baseline", {})
         self._enqueue_calibration()
         self.noise, source = self.cfg.noise_threshold(self.tag_dir)
+        if self.calibrate_noise >= 2 and not self.paths.noise.exists():
+            source = f"{source} until the calibration measures the baseline's spread"
         self.say(f"keep threshold {self.noise:g} val_bpb ({source})")
         self.status.write(state="running", experiment=None, step=None)
 

@@ -132,4 +132,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     elif trained > req.time_budget + slack:
         over = (f"trained {trained:.1f}s by ar's clock after its warm-up steps, past the budget {req.time_budget:g}s "
                 f"+ last-step slack {slack:.1f}s")
+    if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
+        over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
+                 f"(TOTAL_BATCH_SIZE)")
     return TrainOutcome(result, startup, trained, interval, over, req.sandbox)
