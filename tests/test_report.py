@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from autoresearch import plots
 from autoresearch import report as rep
 from autoresearch.ledger import COLUMNS, Ledger, Row, Status
 
@@ -129,7 +130,7 @@ def test_report_plot_is_a_valid_png(upstream_repo, tmp_path, monkeypatch, capsys
 
 
 def test_report_plot_of_sweep_rows(tmp_path):
-    png = rep.plot(sweep_rows(), tmp_path / "s.png")
+    png = plots.plot(sweep_rows(), tmp_path / "s.png")
     assert png.read_bytes()[:8] == PNG_SIGNATURE
 
 
@@ -148,7 +149,7 @@ def progress_rows(n: int = 40) -> list[Row]:
 def test_progress_plot_has_integer_ticks_and_labels_inside_the_figure():
     import matplotlib.pyplot as plt
     rows = progress_rows()
-    fig = rep.progress_figure(rows)
+    fig = plots.progress_figure(rows)
     try:
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
@@ -171,7 +172,7 @@ def test_progress_plot_has_integer_ticks_and_labels_inside_the_figure():
         assert lb.y1 <= box.y0                                                     # under the plot, not over points
     finally:
         plt.close(fig)
-    few = rep.progress_figure(progress_rows(3))            # 4 experiments: where fractional ticks showed up
+    few = plots.progress_figure(progress_rows(3))            # 4 experiments: where fractional ticks showed up
     try:
         (ax,) = few.axes
         lo, hi = ax.get_xlim()
@@ -183,8 +184,8 @@ def test_progress_plot_has_integer_ticks_and_labels_inside_the_figure():
 def test_progress_plot_puts_far_worse_runs_on_the_top_edge():
     import matplotlib.pyplot as plt
     rows = progress_rows(10)
-    fig = rep.progress_figure(rows + [Row("ffffff0", 9.0, None, Status.DISCARD, "exploded")])
-    plain = rep.progress_figure(rows)
+    fig = plots.progress_figure(rows + [Row("ffffff0", 9.0, None, Status.DISCARD, "exploded")])
+    plain = plots.progress_figure(rows)
     try:
         (ax,), (ax2,) = fig.axes, plain.axes
         assert 1.61 < ax.get_ylim()[1] < 2.0                # every ordinary discard shows, the 9.0 does not
@@ -238,7 +239,7 @@ def test_a_sweep_report_tabulates_points_not_keeps():
 def test_grid_plot_draws_val_bpb_against_each_axis_with_seed_error_bars(tmp_path):
     import matplotlib.pyplot as plt
     points = rep.build(grid_rows(), ["sweep-bb"])["points"]
-    fig = rep.grid_figure(points)
+    fig = plots.grid_figure(points)
     try:
         by_x = {ax.get_xlabel(): ax for ax in fig.axes if ax.get_visible()}
         assert set(by_x) == {"TOTAL_BATCH_SIZE", "budget (seconds)"}
@@ -255,7 +256,7 @@ def test_grid_plot_draws_val_bpb_against_each_axis_with_seed_error_bars(tmp_path
         assert (y0, y1) == (pytest.approx(1.19), pytest.approx(1.21))
     finally:
         plt.close(fig)
-    assert rep.grid_plot(points, tmp_path / "g.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert plots.grid_plot(points, tmp_path / "g.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
 def test_piped_sweep_report_is_a_points_table_and_writes_the_grid_plot(tmp_path):

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import app, console, err_console, print_table
+from .. import plots
 from .. import report as rep
 
 
@@ -27,12 +28,12 @@ def report(
     warn = lambda msg: err_console.print(f"warning: {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     tags, rows = rep.load(repo, tag, all_tags, warn=warn)
     data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row))
-    plots = rep.write_plots(data, rows, repo, plot, warn)
-    data.update(plots)
+    written = plots.write_plots(data, rows, repo, plot, warn)
+    data.update(written)
     if as_json:
         console.out(json.dumps(data), highlight=False)
         return
     for s in rep.sections(data):
         print_table(s.title, s.columns, s.rows)
-    for name, path in plots.items():
+    for name, path in written.items():
         console.print(f"{name.replace('_', ' ')}: {path}", highlight=False, soft_wrap=True)
