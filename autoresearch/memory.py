@@ -289,7 +289,8 @@ def load(tag_dir: Path | None = None, *, results: Path | None = None, repo: Path
     """The journal of runs/<tag>/ (or of any results.tsv, upstream's too). Missing results: an ArError."""
     from .config import RunConfig
     path = Path(results) if results is not None else TagLayout(Path(tag_dir)).results
-    if not path.is_file():
+    started = tag_dir is not None and TagLayout(Path(tag_dir)).meta.is_file()   # a tag before its first row
+    if not path.is_file() and not started:
         raise ArError(f"no results file at {path}; run `ar run` first, or pass --results FILE")
     rows = read_results(path, warn=lambda m: None)
     folder = Path(tag_dir) if tag_dir is not None else path.parent
@@ -323,7 +324,7 @@ def for_repo(repo: Path, tag: str | None = None, results: Path | None = None,
                           "--results FILE (upstream's results.tsv works too)")
         tag = found[0].parent.name
     tag_dir = runs.tag(tag).dir
-    if not (tag_dir / RESULTS).is_file():
+    if not (tag_dir / RESULTS).is_file() and not runs.tag(tag).meta.is_file():
         others = ", ".join(p.parent.name for p in runs.tags_with(RESULTS))
         raise ArError(f"no results for tag {tag!r} in {runs.runs}" + (f"; tags with results: {others}" if others
                                                                        else "; run `ar run` first"))
@@ -434,7 +435,8 @@ def plateau_strategy(j: Journal, plateau_after: int) -> tuple[str, int] | None:
     cycle = list(STRATEGIES)
     ok = [s for s in cycle if (s != "combine" or j.near_misses) and (s != "revisit" or j.biggest_win())]
     start = cycle.index(last.strategy) + 1 if last is not None else 0
-    return next(cycle[(start + k) % len(cycle)] for k in range(len(cycle)) if cycle[(start + k) % len(cycle)] in ok), phase
+    turn = [cycle[(start + k) % len(cycle)] for k in range(len(cycle))]
+    return next(s for s in turn if s in ok), phase
 
 
 def strategy_text(j: Journal, strategy: str) -> str:

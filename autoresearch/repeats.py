@@ -88,7 +88,7 @@ def program_fingerprint(text: str) -> str:
     for k in knobs.values():
         for i in range(k.line - 1, k.span[2]):
             lines[i] = ""
-    values = {n: (f"{v:.12g}" if isinstance(v, float) else v) for n, v in sorted((n, k.value) for n, k in knobs.items())}
+    values = {n: (f"{k.value:.12g}" if isinstance(k.value, float) else k.value) for n, k in sorted(knobs.items())}
     body = " ".join(_tokens("\n".join(lines) + "\n"))
     return hashlib.sha256((json.dumps(values, sort_keys=True, default=str) + "\n" + body).encode()).hexdigest()[:20]
 

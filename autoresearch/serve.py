@@ -29,7 +29,7 @@ from pathlib import Path
 from . import memory
 from .errors import ArError, ConfigError
 from .gitops import GitRepo
-from .layout import RESULTS, STATUS, TagLayout
+from .layout import TagLayout
 from .ledger import read_results
 
 RESOURCES = Path(__file__).parent / "resources"
@@ -192,7 +192,7 @@ def _is_loopback(host: str) -> bool:
 def make_app(src: Source, *, token: str | None, loopback: bool):
     """The Starlette application (GET only)."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.responses import PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     hub = Hub(src)

@@ -48,7 +48,13 @@ function renderNow() {
     return;
   }
   const x = st.experiment;
-  if (!x) { body.textContent = st.state === "running" ? "between experiments" : "nothing running"; body.className = "dim"; return; }
+  if (!x) {
+    const last = state.rows[state.rows.length - 1];
+    body.className = "dim";
+    body.textContent = (st.state === "running" ? "between experiments" : "nothing running") +
+      (last ? ` · last: ${exp4(last.exp_id)} ${last.status} ${fmt(last.val_bpb)} — ${last.description}` : "");
+    return;
+  }
   body.className = "";
   const title = el("div");
   title.append(el("b", exp4(x.id) + " "), el("span", x.description || x.kind), el("span", " · " + x.phase, "dim"));
