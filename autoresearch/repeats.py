@@ -147,8 +147,12 @@ def _label(row: Row) -> str:
     return f"{exp} ({row.status.value}{bpb}, commit {row.commit or '-'})"
 
 
-def find_repeat(git: GitRepo, tag_dir: Path, parent: str, train_file: str, rows: list[Row]) -> str | None:
+def find_repeat(git: GitRepo, tag_dir: Path, parent: str, train_file: str, rows: list[Row], *,
+                same_change: bool = True) -> str | None:
     """Why the proposal now in `git`'s working tree repeats a tried experiment of the tag, or None.
+
+    `same_change=False` (a built-in proposer's knob edit) judges the program only: a search moves one knob
+    from wherever the best is now, and the same move from a new best is a new point, not a repeat.
 
     A proposal that changes nothing, or files other than `train_file`, is left to the guards, which reject
     those in their own words."""
@@ -170,7 +174,7 @@ def find_repeat(git: GitRepo, tag_dir: Path, parent: str, train_file: str, rows:
                     "the same train.py")
             return (f"{REFUSED}: the proposal {same} as {_label(row)} (whitespace, comments and how knob values "
                     "are written ignored); propose a change that was not tried")
-        if change is not None and _recorded_fingerprint(paths, row) == change:
+        if same_change and change is not None and _recorded_fingerprint(paths, row) == change:
             return (f"{REFUSED}: the proposal makes the same change as {_label(row)}, whitespace and comments "
                     "ignored; propose a change that was not tried, or combine it with a new one")
     return None

@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 
 from autoresearch import memory
 from autoresearch.cli import app
-from autoresearch.ledger import Row, Status
+from autoresearch.gitops import GitRepo
+from autoresearch.ledger import Ledger, Row, Status
 from autoresearch.loop import Loop
 from autoresearch.proposers.agent import AgentProposer
-from autoresearch.repeats import REFUSED, change_fingerprint, normalise_line, program_fingerprint
+from autoresearch.repeats import REFUSED, change_fingerprint, find_repeat, normalise_line, program_fingerprint
 
 from test_loop import _isolated, agent_cmd, assert_consistent, cfg, make_repo  # noqa: F401  (autouse fixture)
 
@@ -101,6 +102,38 @@ def test_normalisation_ignores_layout_and_comments_not_code():
     assert program_fingerprint(block) == program_fingerprint(block.replace("    ", "  "))      # reindent
     assert program_fingerprint(block) != program_fingerprint("if a:\n    b()\n    c()\n")  # new structure
     assert program_fingerprint("x = '''\n") == program_fingerprint("x  =  '''\n")            # does not tokenize
+
+
+def test_same_change_from_a_new_best_is_a_repeat_for_an_agent_not_for_a_search(tmp_path):
+    root = make_repo(tmp_path)
+    g = GitRepo(root)
+    text = (root / "train.py").read_text()
+    lr = lambda t, v: t.replace("\nLR_MULT = 1.0", f"\nLR_MULT = {v}")            # noqa: E731
+    tbs = lambda t: t.replace("\nTOTAL_BATCH_SIZE = 2**19", "\nTOTAL_BATCH_SIZE = 2**18")   # noqa: E731
+    base = g.head_sha()
+    ledger = Ledger(root / "runs" / "t")
+    (root / "train.py").write_text(lr(text, "1.5"))
+    tried = g.commit(["train.py"], "lr up")                  # experiment 2: discarded
+    (ledger.exp_dir(2, tried[:7]) / "diff.patch").write_text(g.diff(base, tried))
+    g.reset_hard(base)
+    (root / "train.py").write_text(tbs(text))
+    best = g.commit(["train.py"], "batch down")              # experiment 3: kept
+    for i, (sha, st) in enumerate(((base, "keep"), (tried, "discard"), (best, "keep")), 1):
+        ledger.append(Row(commit=sha[:7], val_bpb=3.0 - i / 10, memory_gb=None, status=Status(st),
+                          description="x", exp_id=i))
+    rows = ledger.rows()
+    (root / "train.py").write_text(lr(tbs(text), "1.5   # again"))          # the same move, from the new best
+    why = find_repeat(g, ledger.tag_dir, best, "train.py", rows)
+    assert why.startswith(REFUSED) and "the same change as experiment 0002 (discard" in why
+    assert find_repeat(g, ledger.tag_dir, best, "train.py", rows, same_change=False) is None
+    (root / "train.py").write_text(lr(text, "3/2"))                           # the same program as 0002
+    for same_change in (True, False):
+        why = find_repeat(g, ledger.tag_dir, best, "train.py", rows, same_change=same_change)
+        assert "is the same train.py as experiment 0002" in why
+    (root / "train.py").write_text(tbs(text) + "\n# a comment only\n")         # only a comment on the best
+    assert "changes only whitespace or comments" in find_repeat(g, ledger.tag_dir, best, "train.py", rows)
+    (root / "train.py").write_text(lr(tbs(text), "2.0"))                      # new: not refused
+    assert find_repeat(g, ledger.tag_dir, best, "train.py", rows) is None
 
 
 # ------------------------------------------------------------------------------------------- journal

@@ -65,8 +65,9 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
         return Outcome("skipped")
     reason = _integrity_after_proposal(lp) or (                                          # 3
         proposal if isinstance(proposal, str) else _check(lp, ctx, x, snap)) or (
-        find_repeat(ctx.git, lp.tag_dir, x.parent, lp.train_file, lp.ledger.rows())    # research memory
-        if spec.kind == "propose" and not spec.payload.get("replay") else None)
+        find_repeat(ctx.git, lp.tag_dir, x.parent, lp.train_file, lp.ledger.rows(),    # research memory
+                    same_change=not proposal.knobs) if spec.kind == "propose" and not spec.payload.get("replay")
+        else None)
     if reason or lp.stopping.is_set():
         try:
             x.stage.mkdir(parents=True, exist_ok=True)
