@@ -101,7 +101,7 @@ def read_results_state(src: Source) -> dict:
             best = r.val_bpb
         if r.val_bpb is not None:
             curve.append({"exp_id": d["exp_id"], "val_bpb": r.val_bpb, "best": best, "status": r.status.value})
-    return {"rows": out, "curve": curve, "journal": j.to_dict(), "markdown": memory.markdown(j)}
+    return {"rows": out, "curve": curve, "journal": j.to_dict()}
 
 
 def read_diff(src: Source, exp_id: int) -> str:
@@ -113,7 +113,7 @@ def read_diff(src: Source, exp_id: int) -> str:
             text = memory.recorded_change(TagLayout(src.tag_dir), r)
             if text:
                 return text[:DIFF_MAX]
-        if src.repo is not None and r.commit:
+        if src.repo is not None and r.commit and r.exp_id is None:    # upstream's rows: the commit's own diff
             try:
                 return GitRepo(src.repo)._git("show", "--format=", "--no-color", r.commit)[:DIFF_MAX]
             except ArError:

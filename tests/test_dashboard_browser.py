@@ -10,6 +10,7 @@ why, only where no Chromium is installed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -103,6 +104,16 @@ def test_dashboard_in_a_headless_browser(tmp_path):
             if os.environ.get("AR_DASHBOARD_SCREENSHOT"):
                 shutil.copyfile(shot, os.environ["AR_DASHBOARD_SCREENSHOT"])
             assert page.evaluate("window.pwned === undefined") and dialogs == []
+            # several slots (what `ar run --gpus 0,1` writes): one line per slot, pushed like the rest
+            (root / "runs" / "t" / "status.json").write_text(json.dumps({"state": "running", "slots": [
+                {"slot": 0, "label": "gpu0", "experiment": {"id": 6, "kind": "propose", "phase": "training",
+                                                            "description": "wider MLP"},
+                 "step": {"step": 40, "pct": 50.0, "loss": 3.2, "tokens_per_s": 1e5, "mfu": 41.0, "dt_ms": 10,
+                          "remaining_s": 9}},
+                {"slot": 1, "label": "gpu1", "experiment": None, "step": None}]}))
+            expect(page.locator("#slots tbody tr")).to_have_count(2)
+            expect(page.locator("#slots tbody tr").first).to_contain_text("0006 wider MLP")
+            expect(page.locator("#slots tbody tr").nth(1)).to_contain_text("idle")
             browser.close()
     finally:
         loop.join(timeout=120)
