@@ -23,8 +23,10 @@ def journal(
                                                        "else the default keep threshold).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the journal as one JSON object.")] = False,
 ) -> None:
-    """The research journal: each experiment's idea, change, outcome and lesson; near misses, dead ends by idea,
-    strategy switches. Also written to runs/<tag>/journal.md and journal.json."""
+    """What a tag tried: ideas, outcomes, lessons, near misses, dead ends, strategy switches.
+
+    Each experiment's idea, change, outcome and lesson, from the runner's records; also written to
+    runs/<tag>/journal.md and journal.json."""
     no_bytecode()   # a running `ar run` fingerprints the package: this process adds no .pyc to it
     j, tag_dir = memory.for_repo(repo, tag, results, noise)
     if tag_dir is not None:
