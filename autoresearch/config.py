@@ -64,6 +64,8 @@ class RunConfig:
     agent: str | None = None               # preset (claude, codex, aider) or a command with {prompt}/{prompt_file}
     agent_timeout: float = 900.0
     last_n_results: int = 10               # results shown in the agent's prompt
+    plateau_after: int = 5                 # proposals without a keep before the agent's prompt switches strategy
+                                           # (memory.py); 0: never
     program: str = "program.md"            # the agent's instructions, relative to the repo
     search_space: dict[str, list] = field(default_factory=dict)  # knob -> values, for grid and random
     # around the loop
@@ -129,7 +131,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be true or false")
         return value
     if key in ("seed", "eval_tokens", "holdout_tokens", "untimed_steps", "degraded_warmup_steps", "degraded_patience", "max_consecutive_crashes",
-               "last_n_results"):
+               "last_n_results", "plateau_after"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} must be an integer, not {value!r}")
         if key != "seed" and value < (1 if key in ("eval_tokens", "max_consecutive_crashes") else 0):

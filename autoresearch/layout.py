@@ -9,6 +9,8 @@
     runs/<tag>/meta.json               branch, base commit, the settings results compare under
     runs/<tag>/noise.json              the calibrated keep threshold
     runs/<tag>/status.json             the live view (`ar status`)
+    runs/<tag>/journal.md, journal.json the research journal (memory.py), derived from the records
+    runs/<tag>/grid.png                a sweep's grid plot (`ar report`)
     runs/<tag>/<NNNN>-<sha7>/          one experiment's files (train.log, record.json, metrics.json, diff.patch)
     runs/<tag>/worktrees/slot-<i>/     a local slot's worktree
 """
@@ -22,6 +24,8 @@ from .gitops import RUNS_DIR as RUNS                    # the folder git is told
 RESULTS, QUEUE, HOOKS, META, NOISE, STATUS = (
     "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "status.json")
 BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META)    # what a run may never change
+JOURNAL, JOURNAL_JSON, GRID = "journal.md", "journal.json", "grid.png"
+DERIVED = (STATUS, JOURNAL, JOURNAL_JSON, GRID)        # views rewritten from the records at any time
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class TagLayout:
     meta = property(lambda self: self.dir / META)
     noise = property(lambda self: self.dir / NOISE)
     status = property(lambda self: self.dir / STATUS)
+    journal = property(lambda self: self.dir / JOURNAL)
+    journal_json = property(lambda self: self.dir / JOURNAL_JSON)
 
     def exp_dir(self, exp_id: int, commit: str) -> Path:
         """An experiment's folder; `none` until it has a commit."""

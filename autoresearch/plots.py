@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import ArError
-from .layout import RunsLayout
+from .layout import GRID, RunsLayout
 from .report import axis_name, axis_value, hashable
 from .sweepfile import status_of
 
@@ -203,7 +203,7 @@ def write_plots(data: dict, rows: Sequence, repo: str | Path, path: str | Path |
     if data["points"]:
         if path is None and len(tags) != 1:
             return out
-        where = (RunsLayout(Path(repo)).tag(tags[0]).dir / "grid.png" if path is None else
+        where = (RunsLayout(Path(repo)).tag(tags[0]).dir / GRID if path is None else
                  Path(path) if "plot" not in out else Path(path).with_name(Path(path).stem + "-grid.png"))
         try:
             out["grid_plot"] = str(grid_plot(data["points"], where, title=", ".join(tags)))

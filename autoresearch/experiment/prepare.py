@@ -19,6 +19,7 @@ from ..knobs import read_knobs, set_knobs
 from ..ledger import Row, Status
 from ..proposers import Context, Proposal, ProposalFailed
 from ..proposers.search import describe_change
+from ..repeats import find_repeat
 from ..executors.local import clean_worktree
 from . import settle
 from .context import Experiment, Outcome, SlotContext, safe_knobs, write_json
@@ -63,7 +64,10 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     if proposal is None:
         return Outcome("skipped")
     reason = _integrity_after_proposal(lp) or (                                          # 3
-        proposal if isinstance(proposal, str) else _check(lp, ctx, x, snap))
+        proposal if isinstance(proposal, str) else _check(lp, ctx, x, snap)) or (
+        find_repeat(ctx.git, lp.tag_dir, x.parent, lp.train_file, lp.ledger.rows(),    # research memory
+                    same_change=not proposal.knobs) if spec.kind == "propose" and not spec.payload.get("replay")
+        else None)
     if reason or lp.stopping.is_set():
         try:
             x.stage.mkdir(parents=True, exist_ok=True)

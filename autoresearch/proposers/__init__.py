@@ -63,7 +63,7 @@ def make_proposer(cfg: RunConfig, name: str | None = None) -> Proposer:
         if not cfg.agent:
             raise ConfigError("the agent proposer needs --agent claude|codex|aider|'COMMAND {prompt_file}'")
         return AgentProposer(cfg.agent, timeout=cfg.agent_timeout, last_n=cfg.last_n_results,
-                             program=cfg.program)
+                             program=cfg.program, plateau_after=cfg.plateau_after)
     if name == "grid":
         if not cfg.search_space:
             raise ConfigError("the grid proposer needs search_space (knob -> list of values) in the config file")

@@ -19,8 +19,9 @@ import sys
 import shlex
 import shutil
 from pathlib import Path
+from typing import Callable
 
-from .. import faults
+from .. import faults, memory
 from ..errors import ConfigError
 from ..ledger import Row
 from ..runner import STOP_INTERRUPTED, run_training
@@ -108,7 +109,7 @@ def _result_line(r: Row) -> str:
     return f"  {exp} {r.commit or '-------':7} {r.status.value:11} {_fmt_bpb(r.val_bpb):>9}  {r.description}{extra}"
 
 
-def render_prompt(ctx: Context, *, program: str, last_n: int, description_file: Path) -> str:
+def render_prompt(ctx: Context, *, program: str, last_n: int, description_file: Path, memory: str = "") -> str:
     knobs = "\n".join(f"  {k} = {v!r}" for k, v in ctx.knobs.items()) or "  (none found)"
     best = ("none yet" if ctx.best is None else
             f"{_fmt_bpb(ctx.best.val_bpb)} val_bpb at commit {ctx.best.commit} ({ctx.best.description})")
@@ -125,7 +126,7 @@ Knobs of the current train.py (the best kept version):
 {knobs}
 Last {min(last_n, len(ctx.rows))} results (exp, commit, status, val_bpb, description):
 {recent or "  (none yet)"}
-
+{memory.rstrip() + chr(10) if memory.strip() else ""}
 ## Rules
 - Change only {allowed}. Any other change (harness, data, configs, program.md, tests, .git, runs/) is
   rejected and reverted.
@@ -145,8 +146,10 @@ def load_program(root: Path, name: str) -> str:
 class AgentProposer:
     name = "agent"
 
-    def __init__(self, agent: str, *, timeout: float = 900.0, last_n: int = 10, program: str = "program.md"):
+    def __init__(self, agent: str, *, timeout: float = 900.0, last_n: int = 10, program: str = "program.md",
+                 plateau_after: int = 5):
         self.agent = agent
+        self.plateau_after = plateau_after
         self.argv = command_for(agent)
         self.timeout = timeout
         self.last_n = last_n
@@ -156,8 +159,10 @@ class AgentProposer:
         ctx.exp_dir.mkdir(parents=True, exist_ok=True)
         description_file = ctx.exp_dir / "description.txt"
         prompt_file = ctx.exp_dir / "prompt.md"
+        digest, record = self._memory(ctx)
+        record()
         prompt = render_prompt(ctx, program=load_program(ctx.root, self.program), last_n=self.last_n,
-                               description_file=description_file)
+                               description_file=description_file, memory=digest)
         prompt_file.write_text(prompt)
         description_file.unlink(missing_ok=True)
         last = [""]
@@ -175,9 +180,12 @@ class AgentProposer:
             policy = ctx.exp_dir / "agent-policy.json"      # data nor change the installed package
             policy.write_text(json.dumps(ctx.sandbox))
             argv = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *argv]
-        result = run_training(argv, cwd=ctx.root, env=env,
-                              log_path=ctx.exp_dir / "agent.log", timeout=self.timeout, on_line=on_line,
-                              max_log_bytes=AGENT_LOG_BYTES, grace=2.0)
+        try:
+            result = run_training(argv, cwd=ctx.root, env=env,
+                                  log_path=ctx.exp_dir / "agent.log", timeout=self.timeout, on_line=on_line,
+                                  max_log_bytes=AGENT_LOG_BYTES, grace=2.0)
+        finally:
+            record()
         if result.stop_reason == STOP_INTERRUPTED:
             raise KeyboardInterrupt
         if result.timed_out:
@@ -186,6 +194,33 @@ class AgentProposer:
             why = result.stop_reason or f"exit code {result.returncode}"
             raise ProposalFailed(f"agent failed ({why}): {last[0][:160]}")
         return Proposal(self._description(description_file, last[0]))
+
+    def _memory(self, ctx: Context) -> tuple[str, Callable[[], None]]:
+        """(the journal's digest for the prompt and, on a plateau, the strategy switch; a function that writes
+        the records). The records — the experiment's strategy.json, runs/<tag>/journal.md — are written
+        before the agent runs and again after it (the agent may write in its own folder: what it leaves
+        there is replaced by the runner's)."""
+        rows = [r for r in ctx.rows if r.reason != "in flight"]
+        journal = memory.build(rows, tag=ctx.tag, source="results.tsv", noise=ctx.noise, noise_source="",
+                               tag_dir=ctx.exp_dir.parent)
+        text = memory.digest(journal)
+        plateau = memory.plateau_strategy(journal, self.plateau_after)
+        if plateau is not None:
+            text += "\n\n" + memory.strategy_text(journal, plateau[0])
+        doc = None if plateau is None else {"strategy": plateau[0], "phase": plateau[1],
+                                            "since_keep": journal.since_keep, "plateau_after": self.plateau_after}
+
+        def record() -> None:
+            f = ctx.exp_dir / memory.STRATEGY_FILE
+            try:
+                memory.write(journal, ctx.exp_dir.parent)  # runs/<tag>/journal.md, kept current as the tag runs
+                if doc is None:
+                    f.unlink(missing_ok=True)
+                else:
+                    f.write_text(json.dumps(doc) + "\n")
+            except OSError:
+                pass
+        return text, record
 
     @staticmethod
     def _description(description_file: Path, last_line: str) -> str:
