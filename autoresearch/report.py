@@ -90,6 +90,12 @@ def experiment(row, index: int) -> dict:
     return {k: _clean(v) for k, v in d.items()}
 
 
+def journals(repo: str | Path, tags: Sequence[str]) -> dict[str, str]:
+    """tag -> its research journal (runs/<tag>/journal.md, written by `ar run` and `ar journal`), where it exists."""
+    runs = RunsLayout(Path(repo))
+    return {t: str(runs.tag(t).journal) for t in tags if runs.tag(t).journal.exists()}
+
+
 def best_row(rows: Sequence):
     cands = [r for r in rows if status_of(r) in CANDIDATES and r.val_bpb is not None and math.isfinite(r.val_bpb)]
     return min(cands, key=lambda r: r.val_bpb) if cands else None

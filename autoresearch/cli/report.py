@@ -29,7 +29,7 @@ def report(
     tags, rows = rep.load(repo, tag, all_tags, warn=warn)
     data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row))
     written = plots.write_plots(data, rows, repo, plot, warn)
-    data.update(written)
+    data.update(written, journals=rep.journals(repo, tags))
     if as_json:
         console.out(json.dumps(data), highlight=False)
         return
@@ -37,3 +37,5 @@ def report(
         print_table(s.title, s.columns, s.rows)
     for name, path in written.items():
         console.print(f"{name.replace('_', ' ')}: {path}", highlight=False, soft_wrap=True)
+    for t, path in data["journals"].items():
+        console.print(f"research journal: {path} (`ar journal --tag {t}`)", highlight=False, soft_wrap=True)
