@@ -66,7 +66,7 @@ def judge(pids, running, codes, root) -> tuple[int, int, list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("n", [2, 8])
 def test_n_at_once_then_after_kill_9(tmp_path, n, table):
     root = make_repo(tmp_path, STEP_SECONDS=0.02)
     # budgets long enough that the holder is still training when the slowest starter reaches the lock,

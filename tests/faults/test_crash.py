@@ -3,7 +3,7 @@
 Kill points come from autoresearch.faults (AR_FAULT=<point>:<n> kills ar the n-th time the point is
 reached). The trials form one chain on one repo: each killed `ar run` is followed by a resume (Loop.open,
 which is what the next `ar run` does first), the audit, and the next trial's `ar run`. Every point is killed
-at each of its n once (36 kills, in rounds: the first n of every point, then the second, ...). The first
+at each of its n once (22 kills, in rounds: the first n of every point, then the second, ...). The first
 round starts `python -m autoresearch run` for real; the others fork this already-imported interpreter.
 """
 
@@ -24,24 +24,24 @@ from .helpers import History, agent_cmd, ar_proc, audit, fork_ar, hook_firings, 
 # point -> the n of AR_FAULT=<point>:<n> to cycle through (a point reached several times per experiment
 # gets larger n, so the kill lands on different experiments and kinds of result)
 PHASES = {
-    "agent": (1, 2),                 # during the proposal: the agent has printed, maybe edited
-    "propose": (1, 2),               # the proposal is in the tree, not checked or committed
+    "agent": (1,),                   # during the proposal: the agent has printed, maybe edited
+    "propose": (1,),                 # the proposal is in the tree, not checked or committed
     "reject": (1,),                  # reverting a rejected proposal
     "commit": (1, 2),                # between the commit and the run
-    "hook": (1, 2, 3, 4),            # while a hook runs
-    "train": (1, 3, 5),              # mid-run (at a step line)
-    "parse": (1, 2),                 # after the run, while parsing
+    "hook": (1, 3),                  # while a hook runs
+    "train": (1, 3),                 # mid-run (at a step line)
+    "parse": (1,),                   # after the run, while parsing
     "decide": (1, 2),                # decided, before the reset to the best
-    "revert": (1, 2),                # after the reset, before the row is written
+    "revert": (1,),                  # after the reset, before the row is written
     "append.results": (1, 2),        # half a row written to results.tsv
-    "recorded": (1, 2),              # the row is written, the spec not yet marked done
-    "append.queue": (1, 2, 3, 4, 5), # half an event written to queue.jsonl
-    "done": (1, 2),                  # the spec is done, its hooks not fired
-    "append.hooks": (1, 2, 3, 4),    # half a line written to hooks.jsonl
+    "recorded": (1,),                # the row is written, the spec not yet marked done
+    "append.queue": (1, 3, 5),       # half an event written to queue.jsonl (added, started, done)
+    "done": (1,),                    # the spec is done, its hooks not fired
+    "append.hooks": (1, 3),          # half a line written to hooks.jsonl
     "resume": (1,),                  # during the resume itself
 }
-# round r kills every point that has an r-th n at it: 36 kills in all (each experiment now also starts the
-# trusted evaluator, ~3 s a kill on 2 cores, so the chain no longer repeats the same kills 14 times)
+# round r kills every point that has an r-th n at it: 22 kills in all (each kill starts ar and the trusted
+# evaluator again, ~6 s on 2 cores); a second n where the point is reached on different kinds of result
 ROUNDS = [[(phase, ns[r]) for phase, ns in PHASES.items() if r < len(ns)] for r in range(max(map(len, PHASES.values())))]
 KILLS = sum(map(len, ROUNDS))
 REAL_ROUNDS = 1        # rounds started as `python -m autoresearch run`

@@ -61,7 +61,7 @@ def test_cut_and_garbage_lines_are_reported_and_the_rest_recovered(tmp_path, tab
         hist = History()
         hist.observe(root, TAG)                         # the valid rows and entries that must survive
         log = tmp_path / f"{fault}.log"
-        rc = fork_ar(*args, "2", log=log, timeout=120)
+        rc = fork_ar(*args, "1", log=log, timeout=120)
         out = log.read_text()
         c = audit(root, TAG, hist, noise)
         reported = f"{name} line {line}" in out or f"{name}: dropped a partial last line" in out
