@@ -21,12 +21,14 @@ MAX_LABELS = 30  # kept changes named on the progress plot; beyond that only the
 def progress_figure(rows: Sequence, title: str = ""):
     """The progress plot as a matplotlib Figure (Agg): val_bpb per experiment in order on integer ticks, discarded
     runs faint, kept runs marked and named (wrapped, never past the plot's edge), the running best as a step line,
-    the legend under the plot. Runs far above the kept ones sit on the top edge instead of squashing the scale."""
+    the legend under the plot; re-runs of a commit with other seeds hollow. Runs far above the kept ones sit on the
+    top edge instead of squashing the scale."""
     plt, MaxNLocator = _pyplot()
     done = [(i, r) for i, r in enumerate(rows, 1) if r.val_bpb is not None and math.isfinite(r.val_bpb)
             and status_of(r) not in ("crash", "pruned", "rejected")]
     kept = [(i, r.val_bpb, r.description) for i, r in done if status_of(r) == "keep"]
-    other = [(i, r.val_bpb) for i, r in done if status_of(r) != "keep"]
+    other = [(i, r.val_bpb) for i, r in done if status_of(r) not in ("keep", "validation")]
+    reruns = [(i, r.val_bpb) for i, r in done if status_of(r) == "validation"]   # seeds of a commit, not proposals
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
     ceiling = None
     if kept:  # far worse than the bulk (exploded runs): above twice the bulk's height from the best
@@ -41,6 +43,9 @@ def progress_figure(rows: Sequence, title: str = ""):
     if above:
         ax.scatter(above, [ceiling] * len(above), s=18, marker="^", color=DISCARDED, alpha=0.6, clip_on=False,
                    label=f"discarded, above the scale ({len(above)})", zorder=1)
+    if reruns:
+        ax.scatter(*zip(*reruns), s=24, facecolors="none", edgecolors="#5b7fa6", linewidths=0.9,
+                   label="re-run of a commit (another seed, noise calibration)", zorder=2)
     if kept:
         xs, ys, texts = zip(*kept)
         running = [min(ys[:k + 1]) for k in range(len(ys))]

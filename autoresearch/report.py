@@ -343,6 +343,7 @@ def _value(v) -> str:
 
 
 def _tokens(e: dict) -> str:
-    if e.get("total_tokens_M") is not None:
-        return f"{e['total_tokens_M']:.1f}M"
+    m = e.get("total_tokens_M")
+    if m is not None:   # a CPU run reads tens of thousands of tokens: 0.0M would say nothing
+        return f"{m:.1f}M" if m >= 0.1 else f"{m * 1000:.1f}K"
     return "-"

@@ -76,7 +76,10 @@ def init_workspace(target: str | Path, *, force: bool = False, resources: Path |
     try:
         repo = git.Repo(target) if (target / ".git").exists() else git.Repo.init(target)
         repo.index.add([str(target / rel) for rel in written])
-        commit = repo.index.commit("Workspace created by ar init").hexsha
+        cfg = repo.config_reader()
+        who = None if cfg.has_option("user", "name") and cfg.has_option("user", "email") else git.Actor(
+            "ar", "ar@localhost")   # the user's identity when git has one, not the host's guessed root@hostname
+        commit = repo.index.commit("Workspace created by ar init", author=who, committer=who).hexsha
     except git.GitCommandError as e:
         raise GitError(f"could not make {target} a git repository: {e.stderr.strip() or e}") from None
     return Workspace(target, written, commit)

@@ -40,6 +40,15 @@ def test_init_creates_a_committed_workspace(tmp_path, resources):
     assert not repo.is_dirty(untracked_files=True)
     assert [c.hexsha for c in repo.iter_commits()] == [ws.commit]
     assert sorted(repo.git.ls_files().split()) == sorted(ws.files)
+    assert repo.head.commit.author.email in ("ar@localhost", repo.config_reader().get_value("user", "email", ""))
+
+
+def test_init_commits_as_ar_when_git_has_no_identity(tmp_path, resources, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))               # no ~/.gitconfig: no user.name
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
+    init_workspace(tmp_path / "ws", resources=resources)
+    c = git.Repo(tmp_path / "ws").head.commit
+    assert (c.author.name, c.author.email, c.committer.email) == ("ar", "ar@localhost", "ar@localhost")
 
 
 def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path, resources):

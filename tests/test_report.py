@@ -181,6 +181,22 @@ def test_progress_plot_has_integer_ticks_and_labels_inside_the_figure():
         plt.close(few)
 
 
+def test_progress_plot_draws_seed_reruns_apart_from_discards_and_tokens_read_small():
+    import matplotlib.pyplot as plt
+    rows = progress_rows(6)
+    rows.insert(1, Row(rows[0].commit, rows[0].val_bpb + 0.003, None, Status.VALIDATION, "noise calibration"))
+    fig = plots.progress_figure(rows)
+    try:
+        (ax,) = fig.axes
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "re-run of a commit (another seed, noise calibration)" in labels and "discarded" in labels
+        hollow = [c for c in ax.collections if len(c.get_offsets()) == 1 and c.get_facecolors().size == 0]
+        assert [tuple(c.get_offsets()[0]) for c in hollow] == [(2.0, rows[1].val_bpb)]
+    finally:
+        plt.close(fig)
+    assert rep._tokens({"total_tokens_M": 0.0327}) == "32.7K" and rep._tokens({"total_tokens_M": 52.4}) == "52.4M"
+
+
 def test_progress_plot_puts_far_worse_runs_on_the_top_edge():
     import matplotlib.pyplot as plt
     rows = progress_rows(10)
