@@ -293,16 +293,19 @@ class Loop:
             self._refuse_incomparable(check_tag(asked))
             return asked, self._tag_line(asked, "")
         today = default_tag()
-        for i in range(1, 1000):
-            tag = today if i == 1 else f"{today}-{i}"
+        differs = self._differs(today)
+        if differs is None:
+            return today, self._tag_line(today, "")
+        for i in range(2, 1000):
+            tag = f"{today}-{i}"
             if self._differs(tag) is None:
-                return tag, self._tag_line(tag, "" if i == 1 else f" ({self._differs(today)[0]}: a fresh tag)")
+                return tag, self._tag_line(tag, f" ({differs[0]}: a fresh tag)")
         raise ConfigError(f"999 tags of today ({today}-N) were run with other settings; pass --tag")
 
     def _tag_line(self, tag: str, why_new: str) -> str:
-        results = RunsLayout(self.root).tag(tag).results
-        n = len(read_results(results, warn=lambda m: None)) if results.exists() else 0
-        if n or RunsLayout(self.root).tag(tag).meta.exists():
+        paths = RunsLayout(self.root).tag(tag)
+        n = len(read_results(paths.results, warn=lambda m: None)) if paths.results.exists() else 0
+        if n or paths.meta.exists():
             return f"resuming tag {tag} ({n} result{'s' * (n != 1)}; branch {branch_name(tag)})"
         return f"new tag {tag}{why_new}: branch {branch_name(tag)}, results in runs/{tag}/"
 
@@ -413,7 +416,7 @@ class Loop:
         if self.queue.starts(spec.id) >= MAX_STARTS:
             x.description = spec.payload.get("description") or spec.kind
             why = f"ar stopped during this experiment {MAX_STARTS} times; not run again"
-            settle.record(self, x, settle.make_row(self, x, Status.INTERRUPTED, reason=why))
+            settle.record_as(self, x, Status.INTERRUPTED, reason=why)
             return x
         self.queue.start(spec.id)
         faults.point("start")

@@ -18,9 +18,7 @@ cut to one line of at most IDEA_MAX characters; outcomes and lessons come from t
 from __future__ import annotations
 
 import json
-import os
 import re
-import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from .gitops import GitRepo
 from .knobs import KNOB_NAME, safe_eval
 from .layout import RESULTS, RunsLayout, TagLayout
 from .ledger import Row, Status, read_results
+from .experiment.context import write_atomic
 from .repeats import REFUSED, TRIED, recorded_change
 
 IDEA_MAX = 160
@@ -370,9 +369,7 @@ def write(j: Journal, tag_dir: Path) -> tuple[Path, Path]:
     views, rewritten from the records whenever asked)."""
     paths = TagLayout(Path(tag_dir))
     for path, text in ((paths.journal, markdown(j)), (paths.journal_json, json.dumps(j.to_dict(), indent=1) + "\n")):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
     return paths.journal, paths.journal_json
 
 

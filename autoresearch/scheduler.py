@@ -28,7 +28,7 @@ from .executors import Slot, parse_gpus
 from .ledger import Row, Status, now_iso
 from .runner import STOP_INTERRUPTED
 from .experiment import prepare, settle
-from .experiment.context import Outcome
+from .experiment.context import Experiment, Outcome
 
 
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)    # in a row, these stop the loop
@@ -52,7 +52,7 @@ def make_executor(cfg: RunConfig):
 class Flight:
     """One dispatched experiment: its slot, its future (the slot's outcome), and when that finished."""
 
-    x: object               # experiment.context.Experiment
+    x: Experiment
     slot: Slot
     future: cf.Future
     finished_at: float = 0.0
@@ -184,7 +184,7 @@ class Scheduler:
             if isinstance(e, OSError):
                 raise file_error(e) from e
             lp.git.reset_hard(lp.best_sha)
-            return settle.record(lp, x, settle.make_row(lp, x, Status.CRASH, reason=f"the slot failed: {type(e).__name__}: {e}"))
+            return settle.record_as(lp, x, Status.CRASH, reason=f"the slot failed: {type(e).__name__}: {e}")
         ran = out.run if out.kind == "ran" else None
         try:
             if out.kind == "interrupted" or (self.interrupted_at and f.finished_at >= self.interrupted_at) or (
@@ -196,9 +196,9 @@ class Scheduler:
                 lp.queue.done(x.spec.id, "skipped")
                 return None
             if out.kind == "missing":
-                return settle.record(lp, x, settle.make_row(lp, x, Status.VALIDATION, reason=out.reason))
+                return settle.record_as(lp, x, Status.VALIDATION, reason=out.reason)
             if out.kind == "rejected":
-                return settle.record(lp, x, settle.make_row(lp, x, Status.REJECTED, reason=out.reason))
+                return settle.record_as(lp, x, Status.REJECTED, reason=out.reason)
             result, status, reason, m, budget, seed = ran
             stale = settle.stale_win(lp, x, status, m)
             if stale:

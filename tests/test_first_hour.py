@@ -4,11 +4,10 @@ results line)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -30,6 +29,21 @@ def ar(*args, cwd):
                           timeout=180)
 
 
+@contextlib.contextmanager
+def holding_the_lock(root):
+    """Another process holds the repo's lock (as a running `ar run` would) while the block runs."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time; from pathlib import Path; from autoresearch.lock import RepoLock\n"
+        "l = RepoLock(Path('runs/.ar.lock'), tag='night', command='ar run'); l.acquire(); print('held', flush=True)\n"
+        "time.sleep(60)")], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_sweep_beside_a_running_loop_writes_nothing_before_it_has_the_lock(tmp_path, prepared_cache):
     root = make_repo(tmp_path)
     (root / "sweep.yaml").write_text(yaml.safe_dump({"name": "lr", "axes": {"LR_MULT": [1.0, 2.0]},
@@ -39,21 +53,13 @@ def test_sweep_beside_a_running_loop_writes_nothing_before_it_has_the_lock(tmp_p
     subprocess.run(["git", "add", "sweep.yaml"], cwd=root, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "sweep"], cwd=root,
                    check=True)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from autoresearch.lock import RepoLock\n"
-        "l = RepoLock(Path('runs/.ar.lock'), tag='night', command='ar run'); l.acquire(); print('held', flush=True)\n"
-        "time.sleep(60)")], cwd=root, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with holding_the_lock(root):
         refs_before = subprocess.run(["git", "for-each-ref"], cwd=root, capture_output=True, text=True).stdout
         r = ar("sweep", "sweep.yaml", cwd=root)
         assert r.returncode == 3, r.stdout + r.stderr
         assert "already running" in r.stdout + r.stderr and "Traceback" not in r.stderr
         refs_after = subprocess.run(["git", "for-each-ref"], cwd=root, capture_output=True, text=True).stdout
         assert refs_after == refs_before                     # no branch was made under the running loop
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_crashed_baseline_can_be_fixed_on_the_same_tag(tmp_path, prepared_cache):

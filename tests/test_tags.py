@@ -11,6 +11,7 @@ import time
 from autoresearch.gitops import default_tag
 from autoresearch.loop import Loop
 
+from test_first_hour import holding_the_lock
 from test_loop import cfg, make_repo
 
 
@@ -38,19 +39,11 @@ def test_the_default_tag_resumes_only_runs_that_compare_and_says_so_first(tmp_pa
 
 def test_run_beside_a_running_loop_is_refused_before_preparing_data(tmp_path, isolated_cache):
     root = make_repo(tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from pathlib import Path; from autoresearch.lock import RepoLock\n"
-        "l = RepoLock(Path('runs/.ar.lock'), tag='night', command='ar run'); l.acquire(); print('held', flush=True)\n"
-        "time.sleep(60)")], cwd=root, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with holding_the_lock(root):
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "autoresearch", "run"], cwd=root,
                            capture_output=True, text=True, timeout=120)
         took = time.monotonic() - t0
-    finally:
-        holder.kill()
-        holder.wait()
     out = r.stdout + r.stderr
     assert r.returncode == 3 and "already running" in out and "Traceback" not in out, out
     assert "preparing" not in out and not any(isolated_cache.glob("**/*.bin")), out   # no data was made

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,11 @@ def safe_knobs(path: Path) -> dict:
 
 
 def write_json(path: Path, doc: dict) -> None:
-    """Atomically: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A reader never sees half a file (slots write from their own threads: each its own temporary name)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
     os.replace(tmp, path)

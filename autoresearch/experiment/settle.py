@@ -94,7 +94,7 @@ def record_stale(lp, x: Experiment, m, budget: float, seed: int, why: str) -> Ro
     else:
         reason += "; not merged (stale_policy: record)"
     lp.git.reset_hard(lp.best_sha)
-    return record(lp, x, make_row(lp, x, Status.STALE, m=m, reason=reason))
+    return record_as(lp, x, Status.STALE, m=m, reason=reason)
 
 
 def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: str, m, budget: float,
@@ -118,7 +118,7 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
         lp.best_sha = x.sha
     lp.git.reset_hard(lp.best_sha)   # inline: HEAD is there already when kept; from a slot: the branch moves
     faults.point("revert")
-    return record(lp, x, make_row(lp, x, status, m=m, reason=reason))                   # 8, 9
+    return record_as(lp, x, status, m=m, reason=reason)                                 # 8, 9
 
 
 def _confirm(lp, x: Experiment, best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
@@ -146,7 +146,7 @@ def _confirm(lp, x: Experiment, best: float, first: float, budget: float, seed: 
 
 def interrupted(lp, x: Experiment, m=None) -> Row:
     lp.git.reset_hard(lp.best_sha)
-    return record(lp, x, make_row(lp, x, Status.INTERRUPTED, m=m, reason="interrupted (Ctrl-C or SIGTERM)"))
+    return record_as(lp, x, Status.INTERRUPTED, m=m, reason="interrupted (Ctrl-C or SIGTERM)")
 
 
 def record(lp, x: Experiment, row: Row) -> Row:
@@ -163,7 +163,12 @@ def record(lp, x: Experiment, row: Row) -> Row:
     return row
 
 
-def make_row(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> Row:
+def record_as(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> Row:
+    """Record x with this status (and its metrics, when it ran)."""
+    return record(lp, x, _row(lp, x, status, m=m, reason=reason))
+
+
+def _row(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> Row:
     if not lp.sandboxed:
         reason = f"unsandboxed; {reason}" if reason else "unsandboxed"
     return Row(commit=short(x.sha) if x.sha else "", val_bpb=x.val_bpb,
