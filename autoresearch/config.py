@@ -20,6 +20,7 @@ import yaml
 
 from .errors import ConfigError
 from .layout import NOISE
+from .objective import DEFAULT as DEFAULT_OBJECTIVE, Objective, parse as parse_objective
 
 PROPOSERS = ("agent", "grid", "random", "strategy")
 HOOK_EVENTS = ("run_started", "run_finished", "kept", "reverted", "crashed", "loop_finished")
@@ -35,6 +36,7 @@ class RunConfig:
     """Everything `ar run` needs to know, with the defaults of a zero-config first run."""
 
     # what runs
+    objective: Objective = DEFAULT_OBJECTIVE   # val_bpb by the trusted evaluator, or a command + metric (objective.py)
     train_command: list[str] = field(default_factory=_default_train_command)  # run in the repo root
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])  # what a proposal may change
     profile: str = "auto"                  # gpu | cpu | auto (gpu when CUDA is available)
@@ -101,6 +103,8 @@ def _check_type(key: str, value: Any, source: str) -> Any:
                    "ray_address"}:
             return None
         raise ConfigError(f"{where} may not be empty")
+    if key == "objective":
+        return value if isinstance(value, Objective) else parse_objective(value, source)
     if key == "train_command":
         if isinstance(value, str):
             value = shlex.split(value)
@@ -207,11 +211,25 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise AssertionError(f"unknown override {key}")
         values[key] = _check_type(key, value, "the command line")
     cfg = RunConfig(**values)
+    if cfg.objective.custom:
+        _check_objective_scope(cfg, "allowed_paths" in values, str(path or "the command line"))
     if cfg.proposer == "agent" and not cfg.agent:
         raise ConfigError("proposer agent needs an agent: pass --agent claude|codex|aider|'COMMAND {prompt_file}'")
     if cfg.proposer == "grid" and not cfg.search_space:
         raise ConfigError("proposer grid needs search_space (knob -> list of values) in the config file")
     return cfg
+
+
+def _check_objective_scope(cfg: RunConfig, paths_given: bool, source: str) -> None:
+    """A command objective measures what the proposal changes: the proposal must not be able to change it."""
+    if not paths_given:
+        raise ConfigError(f"an objective needs allowed_paths in {source}: the files the agent may change "
+                          "(e.g. [kernel.py])")
+    obj = cfg.objective
+    for word in (*obj.command, *obj.gate):
+        if any(word == p or word.startswith(p.rstrip("/") + "/") for p in cfg.allowed_paths):
+            raise ConfigError(f"objective command or gate runs {word}, which a proposal may change (allowed_paths "
+                              f"in {source}): keep what measures out of what is measured")
 
 
 def replace(cfg: RunConfig, **changes: Any) -> RunConfig:

@@ -16,27 +16,29 @@ class Decision:
     reason: str
 
 
-def decide(best: float | None, candidate: float | None, noise: float) -> Decision:
-    """Keep iff there is a candidate and it beats the best kept val_bpb by MORE than `noise`.
+def decide(best: float | None, candidate: float | None, noise: float, *, name: str = "val_bpb",
+           sign: float = 1.0) -> Decision:
+    """Keep iff there is a candidate and it beats the best kept value by MORE than `noise`: lower is better
+    (val_bpb), or higher with `sign` -1 (an objective to maximise). `name` is what the reason calls the value.
 
     Equal to best - noise is not enough: a change must clear the noise floor to be kept.
     """
     if noise is None or not math.isfinite(noise) or noise < 0:
         raise ValueError(f"noise must be a number >= 0, not {noise!r}")
     if candidate is None or not math.isfinite(candidate):
-        return Decision(False, "no val_bpb")
+        return Decision(False, f"no {name}")
     if best is None:
-        return Decision(True, f"first result: val_bpb {candidate:.6f} is the baseline")
-    gain = best - candidate
+        return Decision(True, f"first result: {name} {candidate:.6f} is the baseline")
+    gain = sign * (best - candidate)
     if gain - noise > _EPS:
-        return Decision(True, f"val_bpb {candidate:.6f} beats the best {best:.6f} by {gain:.6f} "
+        return Decision(True, f"{name} {candidate:.6f} beats the best {best:.6f} by {gain:.6f} "
                               f"(noise {noise:.6f})")
     if gain > _EPS:
-        return Decision(False, f"val_bpb {candidate:.6f} beats the best {best:.6f} by only {gain:.6f}, "
+        return Decision(False, f"{name} {candidate:.6f} beats the best {best:.6f} by only {gain:.6f}, "
                                f"within the noise {noise:.6f}")
     if gain < -_EPS:
-        return Decision(False, f"val_bpb {candidate:.6f} is worse than the best {best:.6f} by {-gain:.6f}")
-    return Decision(False, f"val_bpb {candidate:.6f} equals the best {best:.6f}")
+        return Decision(False, f"{name} {candidate:.6f} is worse than the best {best:.6f} by {-gain:.6f}")
+    return Decision(False, f"{name} {candidate:.6f} equals the best {best:.6f}")
 
 
 def noise_from_repeats(values: list[float]) -> float:

@@ -169,7 +169,7 @@ def _row_from_fields(header: tuple[str, ...], fields: list[str], upstream: bool)
     status = _status(d["status"])
     val_bpb = _num("val_bpb", d["val_bpb"], float)
     memory_gb = _num("memory_gb", d["memory_gb"], float)
-    if val_bpb is not None and val_bpb <= 0:  # upstream writes 0.000000 for a crash
+    if upstream and val_bpb is not None and val_bpb <= 0:  # upstream writes 0.000000 for a crash
         val_bpb = None
     if upstream and status is Status.CRASH and memory_gb == 0:
         memory_gb = None
@@ -387,8 +387,9 @@ def append_line(path: Path, line: str, *, header: str | None = None,
 class Ledger:
     """runs/<tag>/results.tsv and runs/<tag>/<NNNN>-<sha7>/ folders."""
 
-    def __init__(self, tag_dir: Path, *, warn: Warn | None = None):
+    def __init__(self, tag_dir: Path, *, warn: Warn | None = None, sign: float = 1.0):
         self.tag_dir = Path(tag_dir)
+        self.sign = sign          # +1: lower values are better (val_bpb); -1: an objective to maximise
         self.paths = TagLayout(self.tag_dir)
         self.path = self.paths.results
         self._warn_cb = warn or log.warning
@@ -492,9 +493,10 @@ class Ledger:
             return list(self._cache[1])
 
     def best_kept(self) -> Row | None:
-        """The kept row with the lowest val_bpb (the first of equals), or None."""
+        """The kept row with the best value (the lowest val_bpb; `sign` -1 for an objective to maximise), the first
+        of equals, or None."""
         kept = [r for r in self.rows() if r.status is Status.KEEP and r.val_bpb is not None]
-        return min(kept, key=lambda r: r.val_bpb) if kept else None
+        return min(kept, key=lambda r: self.sign * r.val_bpb) if kept else None
 
     def exp_dir(self, exp_id: int, commit: str) -> Path:
         """runs/<tag>/<NNNN>-<sha7>/, created. An experiment with no commit (rejected) gets NNNN-none."""

@@ -175,7 +175,7 @@ class Loop:
         self.git.ensure_ignored()
         self.tag_dir.mkdir(parents=True, exist_ok=True)
         warn = lambda m: self.say(m, "warn")  # noqa: E731
-        self.ledger = Ledger(self.tag_dir, warn=warn)
+        self.ledger = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
         self.queue = ExperimentQueue(self.paths.queue, warn=warn)
         self.hooks = Hooks(self.cfg.hooks, self.paths.hooks, timeout=self.cfg.hook_timeout,
                            cwd=self.root, log=warn)
@@ -200,7 +200,12 @@ class Loop:
         self.noise, source = self.cfg.noise_threshold(self.tag_dir)
         if self.calibrate_noise >= 2 and not self.paths.noise.exists():
             source = f"{source} until the calibration measures the baseline's spread"
-        self.say(f"keep threshold {self.noise:g} val_bpb ({source})")
+        obj = self.cfg.objective
+        if obj.noise_share is not None:
+            self.say(f"keep threshold {obj.noise_share:.1%} of the best {obj.name} (objective.noise)")
+        else:
+            noise, source = (obj.noise, "objective.noise") if obj.noise is not None else (self.noise, source)
+            self.say(f"keep threshold {noise:g} {obj.name} ({source})")
         self.status.write(state="running", experiment=None, step=None)
 
     def _ensure_data(self) -> None:
@@ -219,9 +224,11 @@ class Loop:
 
     def _trust(self) -> None:
         """The session's trust anchors: the prepared data, the package and data fingerprint, the sandbox."""
-        self._ensure_data()
+        custom = self.cfg.objective.custom          # a command objective reads no prepared data
+        if not custom:
+            self._ensure_data()
         no_bytecode()   # from here on only something foreign changes the installed package's files
-        self.tok_dir = check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
+        self.tok_dir = None if custom else check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
         if not getattr(self, "fingerprint", None):
             self.fingerprint = Fingerprint.take(self.tok_dir)
         ok, why = sandbox.available()
@@ -250,7 +257,7 @@ class Loop:
         if created or not meta.exists():
             head = self.git.head_sha()
             write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso(),
-                               "settings": settings})
+                               "settings": settings, "objective": self.cfg.objective.describe()})
             self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
                      f"in runs/{self.tag}/")
         else:
@@ -264,6 +271,8 @@ class Loop:
                "eval_tokens": self.eval_tokens}
         if self.command.startswith("ar sweep"):
             del out["time_budget"]
+        if self.cfg.objective.custom:   # results of another objective do not compare (val_bpb tags stay as they were)
+            out["objective"] = self.cfg.objective.name
         return out
 
     def _differs(self, tag: str) -> tuple[str, str] | None:
@@ -444,7 +453,8 @@ class Loop:
             eval_allowance=self.cfg.eval_allowance,
             untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
                 10 if self.profile.name == "gpu" else 2),
-            max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env))
+            max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
+            objective=self.cfg.objective)
 
     # --------------------------------------------------------------------------------------- helpers
     def budget(self, spec_budget: float | None) -> float:

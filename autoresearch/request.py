@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .harness.env import KEPT_ENV, Profile
+from .objective import DEFAULT as VAL_BPB, Objective
 
 PASSED_THROUGH = KEPT_ENV + ("AR_PEAK_TFLOPS", "AR_GPU_MEMORY_GB", "CUDA_HOME", "LD_LIBRARY_PATH")
 
@@ -27,7 +28,8 @@ class RunRequest:
     profile: Profile
     dataset: str
     cache: Path
-    tok_dir: Path                         # the prepared dataset (the run sees a train-only view of it)
+    tok_dir: Path | None                  # the prepared dataset (the run sees a train-only view of it); None: a
+                                          # command objective, which reads no prepared data
     train_command: tuple[str, ...]
     train_file: str
     eval_tokens: int
@@ -38,6 +40,7 @@ class RunRequest:
     max_log_bytes: int
     sandbox: bool
     slot_env: dict[str, str] = field(default_factory=dict)
+    objective: Objective = VAL_BPB        # a custom one: gate + command instead of train.py + the evaluator
 
     @property
     def device(self) -> str:

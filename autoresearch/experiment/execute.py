@@ -48,7 +48,7 @@ class Workspace:
         return cls(root, root / "src", root / "checkpoint", root / "scratch", root / "data", root / "eval")
 
 
-def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path) -> tuple[Workspace, list[Path]]:
+def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None) -> tuple[Workspace, list[Path]]:
     """A fresh workspace for `commit`; also the real data files the run may read."""
     shutil.rmtree(root, ignore_errors=True)
     ws = Workspace.at(root)
@@ -57,7 +57,7 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path) -> tupl
     archive = subprocess.run(["git", "-C", str(git.root), "archive", "--format=tar", commit], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(ws.src)], input=archive, check=True)
-    return ws, train_view(tok_dir, ws.data)
+    return ws, (train_view(tok_dir, ws.data) if tok_dir is not None else [])   # None: a command objective
 
 
 def remove_workspace(ws: Workspace) -> None:

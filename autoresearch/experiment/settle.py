@@ -53,6 +53,8 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
                                 f"allowances); the process group was killed"), m
     if out.over_budget:
         return Status.TIMEOUT, out.over_budget, m
+    if verdict.rejected and lp.cfg.objective.custom:   # the correctness gate said no: no metric counts
+        return Status.REJECTED, verdict.rejected, m
     if result.returncode != 0:
         if m.fail_message:
             return Status.CRASH, m.fail_message, m
@@ -66,6 +68,8 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
     if verdict.error:
         return Status.CRASH, f"evaluation failed: {verdict.error}", m
     if m.val_bpb is None or not math.isfinite(m.val_bpb):
+        if lp.cfg.objective.custom:
+            return Status.CRASH, f"no {lp.cfg.objective.name} from the command", m
         return Status.CRASH, "no val_bpb from the evaluator (did train.py save a checkpoint?)", m
     return None, "", m
 
@@ -75,7 +79,7 @@ def stale_win(lp, x: Experiment, status: Status | None, m) -> str | None:
     if status is not None or x.spec.kind in ("rerun", "baseline") or x.parent == lp.best_sha:
         return None
     best = lp.ledger.best_kept()
-    d = decide(best.val_bpb if best else None, m.val_bpb, lp.noise)
+    d = _decide(lp, best.val_bpb if best else None, m.val_bpb)
     return d.reason if d.keep else None
 
 
@@ -107,7 +111,7 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
         status, reason = Status.VALIDATION, (f"failed: {reason}" if status else "validation re-run")
     elif status is None:                                                              # 7
         best = lp.ledger.best_kept()
-        d = decide(best.val_bpb if best else None, m.val_bpb, lp.noise)
+        d = _decide(lp, best.val_bpb if best else None, m.val_bpb)
         status, reason = (Status.KEEP if d.keep else Status.DISCARD), d.reason
         if d.keep and best is not None and not _holds_out(lp, x.sha, best.commit):
             status, reason = Status.DISCARD, f"{d.reason}, but the gain did not hold on the private hold-out slice"
@@ -139,9 +143,15 @@ def _confirm(lp, x: Experiment, best: float, first: float, budget: float, seed: 
     if status is not None:
         return Status.DISCARD, f"confirmation re-run failed ({status.value}: {why})"
     mean = (first + m.val_bpb) / 2
-    d = decide(best, mean, lp.noise)
+    d = _decide(lp, best, mean)
     return (Status.KEEP if d.keep else Status.DISCARD), (f"confirmed by a re-run with seed {seed + 1} "
                                                          f"({m.val_bpb:.6f}): mean {d.reason}")
+
+
+def _decide(lp, best: float | None, candidate: float | None):
+    """decide.py's pure rule with the session's objective: its name, direction and threshold."""
+    obj = lp.cfg.objective
+    return decide(best, candidate, obj.threshold(lp.noise, best), name=obj.name, sign=obj.sign)
 
 
 def interrupted(lp, x: Experiment, m=None) -> Row:
@@ -244,7 +254,7 @@ def finish_calibration(lp) -> None:
     write_json(lp.paths.noise, {"noise": noise, "values": values, "commit": lp.base_sha, "written_at": now_iso()})
     if lp.cfg.noise is None:
         lp.noise = noise
-    lp.say(f"noise calibration: {len(values)} runs of the baseline, spread {noise:.6f} val_bpb -> "
+    lp.say(f"noise calibration: {len(values)} runs of the baseline, spread {noise:.6f} {lp.cfg.objective.name} -> "
            f"runs/{lp.tag}/noise.json" + ("" if lp.cfg.noise is None else
                                           f" (the configured noise {lp.cfg.noise:g} still applies)"))
 

@@ -16,7 +16,7 @@ from ..gitops import GitRepo
 from ..harness import checkpoint
 from ..integrity import Fingerprint
 from ..request import RunRequest
-from . import evaluate, execute
+from . import command, evaluate, execute
 
 
 @dataclass
@@ -33,6 +33,8 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
               allowance: float | None = None, after_run: Callable[[], str | None] | None = None,
               server: evaluate.Server) -> Trial:
     ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
+    if req.objective.custom:
+        return _command_trial(req, ws, exp_dir, fingerprint, on_line, after_run)
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
@@ -50,3 +52,18 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)
     return Trial(out, verdict, has_ckpt, tampered, broken)
+
+
+def _command_trial(req: RunRequest, ws: execute.Workspace, exp_dir: Path, fingerprint: Fingerprint | None,
+                   on_line, after_run) -> Trial:
+    """A command objective: gate and command in the workspace; the same after-run checks as training."""
+    try:
+        out, verdict = command.run(req, req.objective, ws, exp_dir, on_line=on_line)
+        tampered = after_run() if after_run else None
+        broken = fingerprint.changes() if fingerprint else None
+        if broken:
+            tampered = f"the run changed what it may not: {broken}"
+    finally:
+        execute.remove_workspace(ws)
+    ran = out.result.returncode == 0 and not out.result.stop_reason
+    return Trial(out, verdict, ran, tampered, broken)

@@ -1,0 +1,71 @@
+"""Execute + evaluate for a command objective (objective.py): the correctness gate, then the command, each in
+the experiment's fresh workspace, in the sandbox, under one time limit on ar's clock. The metric is read from
+the command's output by ar; the gate's verdict is its exit code.
+
+The proposal cannot change the gate or the command (config.py refuses an objective whose command lies in
+allowed_paths, and the guards refuse a commit outside them), so both run as committed at the session's start;
+anything they spawn runs under the same sandbox and is killed with them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..objective import Objective
+from ..request import RunRequest
+from ..runner import run_training
+from .evaluate import Verdict
+from .execute import TrainOutcome, Workspace
+from ..harness import sandbox
+
+
+def policy(ws: Workspace) -> dict:
+    p = sandbox.base_policy()
+    p["write"] += [str(ws.src), str(ws.scratch)]
+    return p
+
+
+def run(req: RunRequest, obj: Objective, ws: Workspace, exp_dir: Path, *, on_line=None) -> tuple[TrainOutcome, Verdict]:
+    """Gate, then command; (the outcome of the last process run, the verdict on it)."""
+    env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
+    wrap: list[str] = []
+    if req.sandbox:
+        (ws.root / "policy.json").write_text(json.dumps(policy(ws)))
+        wrap = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(ws.root / "policy.json"), "--"]
+    deadline = time.monotonic() + obj.timeout
+    record: dict = {"objective": obj.name, "unit": obj.unit, "direction": obj.direction}
+    steps = [("gate", obj.gate, exp_dir / "gate.log")] if obj.gate else []
+    steps.append(("command", obj.command, exp_dir / "train.log"))
+    for name, cmd, log in steps:
+        result = run_training([*wrap, *cmd], cwd=ws.src, env=env, log_path=log,
+                              timeout=max(1.0, deadline - time.monotonic()), on_line=on_line,
+                              max_log_bytes=req.max_log_bytes)
+        record[f"{name}_seconds"] = round(result.wall_seconds, 3)
+        record[f"{name}_exit"] = result.returncode
+        if result.returncode != 0 or result.stop_reason:
+            break
+    outcome = TrainOutcome(result, None, result.wall_seconds, None, None, req.sandbox)
+    value, rejected, error = None, None, None
+    if name == "gate" and result.returncode not in (0, None) and not result.stop_reason:
+        rejected = f"the correctness gate failed: {_last_line(log) or f'exit code {result.returncode}'}"
+    elif name == "command" and result.returncode == 0 and not result.stop_reason:
+        value = obj.extract(log.read_text(errors="replace"))
+        if value is None:
+            how = f"JSON key {obj.json_key!r}" if obj.json_key else f"regex {obj.regex!r}"
+            error = f"the command printed no {obj.name} ({how}); see train.log"
+    record.update(value=value, rejected=rejected, error=error)
+    (exp_dir / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    return outcome, Verdict(value, rejected, error, record, None)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if not ln.startswith("[ar]")]
+    return lines[-1][:300] if lines else ""
+
