@@ -73,6 +73,7 @@ class Summary:
     counts: dict[str, int] = field(default_factory=dict)
     failed: bool = False        # stopped by failures (baseline, --max-consecutive-crashes), not by a limit
     interrupted: bool = False
+    objective: str = "val_bpb"  # what the best's value is
 
 
 class Loop:
@@ -85,7 +86,8 @@ class Loop:
         self.root = self.git.root
         self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
         self.emit = on_event or (lambda e: None)
-        if cfg.noise is not None:   # a configured threshold is the user's call: nothing to calibrate
+        if cfg.noise is not None or cfg.objective.noise is not None or cfg.objective.noise_share is not None:
+            # a configured threshold is the user's call: nothing to calibrate
             calibrate_noise = 0
         self.baseline, self.calibrate_noise, self.command = baseline, calibrate_noise, command
         if calibrate_noise == 1:
@@ -414,7 +416,7 @@ class Loop:
         for r in self.ledger.rows():
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
         return Summary(self.tag, self.branch, n, kept, self.ledger.best_kept(), stop, self.ledger.path, counts,
-                       failed, interrupted)
+                       failed, interrupted, self.cfg.objective.name)
 
     # ------------------------------------------------------------------- the path of one experiment
     def start(self, spec: Spec) -> Experiment:

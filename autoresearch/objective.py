@@ -24,7 +24,8 @@ import json
 import math
 import re
 import shlex
-from dataclasses import asdict, dataclass
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +141,16 @@ def parse(raw: Any, source: str) -> Objective:
 
 
 def _command(value: Any, key: str, source: str) -> tuple[str, ...]:
+    """The command as a list; a leading `python` is ar's own interpreter (the one with torch and ar's sandbox),
+    as for train.py, whatever PATH finds inside the run's environment."""
     if value is None:
         return ()
     if isinstance(value, str):
         value = shlex.split(value)
     if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
         raise ConfigError(f"objective.{key} in {source} must be a command string or a non-empty list of strings")
+    if value[0] in ("python", "python3"):
+        value = [sys.executable, *value[1:]]
     return tuple(value)
 
 
@@ -196,6 +201,3 @@ def load(tag_dir: Path) -> Objective:
     return Objective(name=str(doc.get("name", VAL_BPB)), unit=str(doc.get("unit", "")),
                      direction="max" if doc.get("direction") == "max" else "min")
 
-
-def to_json(obj: Objective) -> dict:
-    return asdict(obj)

@@ -25,13 +25,20 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     """The loop `ar run` runs: proposer, profile and data chosen from the config, each default said in one line."""
     from .proposers import make_proposer
     say = (lambda m: on_event(Event("info", m))) if on_event else (lambda m: None)
-    if not (Path(repo) / "train.py").exists() and cfg.train_command[-1:] == ["train.py"]:
+    custom = cfg.objective.custom
+    if not custom and not (Path(repo) / "train.py").exists() and cfg.train_command[-1:] == ["train.py"]:
         raise ConfigError(f"no train.py in {Path(repo).resolve()}; run `ar init DIR` for a workspace, or pass --repo")
+    if custom and cfg.proposer in (None, "strategy") and not cfg.agent:
+        raise ConfigError("the objective needs a proposer: --agent claude|codex|aider|'COMMAND {prompt_file}', or "
+                          "proposer grid or random with a search_space of the file's knobs")
     proposer = make_proposer(cfg)
     loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.proposer is None and proposer.name == "strategy":
         say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
-    if cfg.profile == "auto":
+    if custom:
+        say(f"objective {cfg.objective.label()}: gate {' '.join(cfg.objective.gate) or '(none)'}, then "
+            f"{' '.join(cfg.objective.command)}")
+    elif cfg.profile == "auto":
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
         say(f"{what}: {loop.profile.name} profile ({loop.budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
     return loop

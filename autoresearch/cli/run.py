@@ -59,7 +59,7 @@ class LiveView:
 
     def finish(self, s: Summary) -> None:
         b = s.best
-        best = (f"best: {b.val_bpb:.6f} val_bpb at {b.commit} (experiment {b.exp_id or 0:04d}: {b.description})"
+        best = (f"best: {b.val_bpb:.6f} {s.objective} at {b.commit} (experiment {b.exp_id or 0:04d}: {b.description})"
                 if b else "best: no kept result yet")
         console.print(Text(best, style="bold"))
         console.print(f"{s.experiments} experiment(s) this run, {s.kept} kept; results in {s.results}; "

@@ -137,7 +137,8 @@ def _agent_policy(lp) -> dict | None:
     scores, no changing the installed package; everything else as the user."""
     if not lp.sandboxed:
         return None
-    return {"deny": [str(lp.tok_dir.parent), str(settle.private_path(lp).parent)],
+    data = [str(lp.tok_dir.parent)] if lp.tok_dir is not None else []     # None: a command objective
+    return {"deny": [*data, str(settle.private_path(lp).parent)],
             "read_only": [str(lp.fingerprint.package_dir)], "network": True}
 
 
