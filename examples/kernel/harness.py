@@ -32,7 +32,10 @@ class Worker:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES",
                                                             "LD_LIBRARY_PATH", "CUDA_HOME")}
         env.update(HOME=str(scratch), TMPDIR=str(scratch), TRITON_CACHE_DIR=str(scratch / "triton"),
-                   PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+                   TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"), PYTHONDONTWRITEBYTECODE="1",
+                   PYTHONUNBUFFERED="1",
+                   TORCHINDUCTOR_COMPILE_THREADS="1")   # no compile workers: a sandboxed process may not start them
+                                                        # where it runs as root (see ar's request.py)
         cmd = [sys.executable, "-E", "-s", "-B", str(self.dir / "worker.py")]
         wrap = _sandbox(self.dir, scratch)
         self.log = open(self.dir / "worker.log", "wb")
