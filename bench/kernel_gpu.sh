@@ -11,7 +11,7 @@ run_variant() {   # name, then a python snippet that edits kernel.py in the copy
   (cd "$d" && $py -c "$edit" && { $py check.py > gate.txt 2>&1; echo "gate_exit=$?" >> gate.txt; }
    for i in 1 2; do $py bench.py 2>>bench.err | tail -1; done > bench.txt)
   echo "== $name"; cat "$d/gate.txt" "$d/bench.txt"; tail -3 "$d/bench.err" 2>/dev/null
-  cp "$d/bench.txt" "$out/$name.jsonl"; cp "$d/gate.txt" "$out/$name.gate.txt"
+  { echo "== $name"; cat "$d/gate.txt" "$d/bench.txt"; } >> "$out/kernel.txt"
 }
 knob='import re,sys;p="kernel.py";s=open(p).read();s=re.sub(r"^{k} = \d+", "{k} = {v}", s, flags=re.M);open(p,"w").write(s)'
 for b in 64 256 1024 4096; do

@@ -94,7 +94,7 @@ def _sandbox(folder: Path, scratch: Path) -> list[str]:
     policy["read"] += [str(folder)]          # the three files, its own log and scratch: nothing else of ours
     policy["write"] += [str(scratch)]
     (folder.parent / f"{folder.name}-policy.json").write_text(json.dumps(policy))
-    return [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox",
+    return [sys.executable, "-I", "-B", sandbox.__file__,   # by path: -I ignores PYTHONPATH, where ar may be
             str(folder.parent / f"{folder.name}-policy.json"), "--"]
 
 
