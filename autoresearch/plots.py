@@ -18,12 +18,14 @@ KEPT, DISCARDED, BEST = "#2ca02c", "#b0b0b0", "#1f5f1f"
 MAX_LABELS = 30  # kept changes named on the progress plot; beyond that only the biggest steps down
 
 
-def progress_figure(rows: Sequence, title: str = ""):
+def progress_figure(rows: Sequence, title: str = "", objective: dict | None = None):
     """The progress plot as a matplotlib Figure (Agg): val_bpb per experiment in order on integer ticks, discarded
     runs faint, kept runs marked and named (wrapped, never past the plot's edge), the running best as a step line,
     the legend under the plot; re-runs of a commit with other seeds hollow. Runs far above the kept ones sit on the
     top edge instead of squashing the scale."""
     plt, MaxNLocator = _pyplot()
+    obj = objective or {"name": "val_bpb", "unit": "", "direction": "min"}
+    lower = obj["direction"] != "max"
     done = [(i, r) for i, r in enumerate(rows, 1) if r.val_bpb is not None and math.isfinite(r.val_bpb)
             and status_of(r) not in ("crash", "pruned", "rejected")]
     kept = [(i, r.val_bpb, r.description) for i, r in done if status_of(r) == "keep"]
@@ -31,7 +33,7 @@ def progress_figure(rows: Sequence, title: str = ""):
     reruns = [(i, r.val_bpb) for i, r in done if status_of(r) == "validation"]   # seeds of a commit, not proposals
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
     ceiling = None
-    if kept:  # far worse than the bulk (exploded runs): above twice the bulk's height from the best
+    if kept and lower:  # far worse than the bulk (exploded runs): above twice the bulk's height from the best
         values = sorted(v for _, v in other)
         bulk = max([v for _, v, _ in kept] + values[:max(1, int(0.9 * len(values)))])
         lo = min([v for _, v, _ in kept] + values)
@@ -48,7 +50,7 @@ def progress_figure(rows: Sequence, title: str = ""):
                    label="re-run of a commit (another seed, noise calibration)", zorder=2)
     if kept:
         xs, ys, texts = zip(*kept)
-        running = [min(ys[:k + 1]) for k in range(len(ys))]
+        running = [(min if lower else max)(ys[:k + 1]) for k in range(len(ys))]
         ax.step(list(xs) + [len(rows)], running + [running[-1]], where="post", color=BEST, lw=2,
                 label="running best", zorder=2)
         ax.scatter(xs, ys, s=46, color=KEPT, edgecolors="black", linewidths=0.6, label="kept", zorder=3)
@@ -61,7 +63,8 @@ def progress_figure(rows: Sequence, title: str = ""):
         ax.set_ylim(bottom - 0.05 * (ceiling - bottom), ceiling + 0.02 * (ceiling - bottom))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("experiment #")
-    ax.set_ylabel("val_bpb (lower is better)")
+    unit = f"{obj['unit']}, " if obj.get("unit") and obj["name"] != "val_bpb" else ""
+    ax.set_ylabel(f"{obj['name']} ({unit}{'lower' if lower else 'higher'} is better)")
     ax.set_title(title or f"{len(rows)} experiments, {len(kept)} kept")
     ax.grid(alpha=0.3)
     if done:
@@ -114,9 +117,9 @@ def _fit(fig, axes) -> None:
                 t.set_rotation(30 if left == down else -30)
 
 
-def plot(rows: Sequence, path: str | Path, title: str = "") -> Path:
+def plot(rows: Sequence, path: str | Path, title: str = "", objective: dict | None = None) -> Path:
     """The progress plot (`progress_figure`) written as PNG."""
-    return _save(progress_figure(rows, title), path)
+    return _save(progress_figure(rows, title, objective), path)
 
 
 def grid_figure(points: Sequence[dict], title: str = ""):
@@ -204,7 +207,8 @@ def write_plots(data: dict, rows: Sequence, repo: str | Path, path: str | Path |
     if path is not None and (race or not data["points"]):
         race_rows = [r for r in rows if not getattr(r, "sweep", None)
                      and not (status_of(r) == "validation" and any(r.commit in p["commits"] for p in data["points"]))]
-        out["plot"] = str(plot(race_rows, path, title=f"{', '.join(tags)}: {len(race_rows)} experiments"))
+        out["plot"] = str(plot(race_rows, path, title=f"{', '.join(tags)}: {len(race_rows)} experiments",
+                               objective=data.get("objective")))
     if data["points"]:
         if path is None and len(tags) != 1:
             return out

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import ArError, ConfigError
+from . import objective
 from .layout import RESULTS, RunsLayout
+from .objective import DEFAULT, VAL_BPB, Objective
 from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, _norm_knobs, point_label, show_number, show_value, status_of
 
@@ -96,9 +98,19 @@ def journals(repo: str | Path, tags: Sequence[str]) -> dict[str, str]:
     return {t: str(runs.tag(t).journal) for t in tags if runs.tag(t).journal.exists()}
 
 
-def best_row(rows: Sequence):
+def best_row(rows: Sequence, objective: Objective = DEFAULT):
     cands = [r for r in rows if status_of(r) in CANDIDATES and r.val_bpb is not None and math.isfinite(r.val_bpb)]
-    return min(cands, key=lambda r: r.val_bpb) if cands else None
+    return min(cands, key=lambda r: objective.loss(r.val_bpb)) if cands else None
+
+
+def objective_of(repo: str | Path, tags: Sequence[str]) -> Objective:
+    """What the tags were measured by (their meta.json); tags of different objectives do not mix."""
+    runs = RunsLayout(Path(repo))
+    found = {objective.load(runs.tag(t).dir) for t in tags}
+    if len(found) > 1:
+        names = ", ".join(sorted(o.name for o in found))
+        raise ArError(f"the tags were measured by different objectives ({names}); report one with --tag")
+    return found.pop() if found else DEFAULT
 
 
 def run_spec(repo: str | Path, row) -> dict:
@@ -127,7 +139,7 @@ def reproduce_command(row, spec: dict | None = None) -> str:
     return " ".join([f"git checkout {shlex.quote(row.commit)} &&", *env, "python train.py"])
 
 
-def per_knob(rows: Sequence) -> dict[str, list[dict]]:
+def per_knob(rows: Sequence, objective: Objective = DEFAULT) -> dict[str, list[dict]]:
     """For each knob that takes two or more values (a sweep axis, TIME_BUDGET included): the best val_bpb,
     the number of runs and the best commit per value."""
     values: dict[str, dict[Any, list]] = {}
@@ -144,10 +156,10 @@ def per_knob(rows: Sequence) -> dict[str, list[dict]]:
             continue
         entries = []
         for v, rs in groups.items():
-            b = best_row(rs) or _best_finished(rs)
+            b = best_row(rs, objective) or _best_finished(rs)
             entries.append({"value": v, "runs": len(rs), "best_val_bpb": None if b is None else b.val_bpb,
                             "commit": None if b is None else b.commit})
-        entries.sort(key=lambda e: (e["best_val_bpb"] is None, e["best_val_bpb"] or 0.0))
+        entries.sort(key=lambda e: (e["best_val_bpb"] is None, objective.loss(e["best_val_bpb"] or 0.0)))
         out[k] = entries
     return out
 
@@ -207,7 +219,8 @@ def _in_sweep(rows: Sequence, points: Sequence[dict]) -> set[int]:
                                                                             and r.commit in commits)}
 
 
-def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callable[[Any], dict] | None = None) -> dict:
+def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callable[[Any], dict] | None = None,
+          objective: Objective = DEFAULT) -> dict:
     """Everything `ar report` shows, as one JSON-ready dict. `specs(row)` gives the run's spec.json, for the
     best row's exact command (see `run_spec`). Sweep rows go into `points` instead of `top`, `per_knob` and
     `validation`, which rank a run's experiments."""
@@ -216,22 +229,23 @@ def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callab
     in_sweep = _in_sweep(rows, points)
     race = [i for i in range(len(rows)) if i not in in_sweep]
     race_rows = [rows[i] for i in race]
-    best, best_point = best_row(race_rows), None
+    best, best_point = best_row(race_rows, objective), None
     if best is None and points and points[0]["mean"] is not None:  # a sweep: the best point, its best seed
         best_point = points[0]
         best = _best_finished([r for i, r in enumerate(rows) if i in in_sweep and r.commit in best_point["commits"]])
     ranked = sorted((i for i in race if status_of(rows[i]) in CANDIDATES and rows[i].val_bpb is not None),
-                    key=lambda i: rows[i].val_bpb)[:max(0, top)]
+                    key=lambda i: objective.loss(rows[i].val_bpb))[:max(0, top)]
     best_d = None
     if best is not None:
         best_d = {"commit": best.commit, "val_bpb": best.val_bpb, "mfu": _clean(best.mfu),
                   "knobs": dict(best.knobs or {}), "time_budget": _clean(best.time_budget), "seed": best.seed,
                   "tag": best.tag, "description": best.description,
-                  "command": reproduce_command(best, specs(best) if specs else None)}
+                  "command": (reproduce_command(best, specs(best) if specs else None) if objective.name == VAL_BPB
+                              else f"git checkout {shlex.quote(best.commit)}")}
         if best_point is not None:
             best_d["point"] = {k: best_point[k] for k in ("sweep", "label", "axes", "mean", "spread", "n")}
-    return {"tags": list(tags), "counts": _counts(rows), "run_counts": _counts(race_rows), "best": best_d,
-            "top": [experiments[i] for i in ranked], "per_knob": per_knob(race_rows),
+    return {"tags": list(tags), "objective": objective.describe(), "counts": _counts(rows), "run_counts": _counts(race_rows), "best": best_d,
+            "top": [experiments[i] for i in ranked], "per_knob": per_knob(race_rows, objective),
             "validation": validation(race_rows), "points": points, "experiments": experiments}
 
 
@@ -247,12 +261,15 @@ def sections(report: dict) -> list[Section]:
     out = []
     n = sum(report["run_counts"].values())
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report["run_counts"].items(), key=lambda kv: -kv[1]))
+    obj = report.get("objective") or DEFAULT.describe()
+    metric = obj["name"] + (f" ({obj['unit']}, {'lower' if obj['direction'] == 'min' else 'higher'} is better)"
+                            if obj["name"] != VAL_BPB else "")
     top = [(str(e["index"]), e["commit"][:7], _f(e["val_bpb"], 6), _f(e["mfu"], 1, "%"), _tokens(e),
             _f(e["num_steps"], 0), _f(e["time_budget"], 0, "s"), e["status"], e["description"])
            for e in report["top"]]
     if n or not report["points"]:
         out.append(Section(f"top {len(top)} of {n} experiments ({counts}) — {', '.join(report['tags'])}",
-                           ("#", "commit", "val_bpb", "MFU", "tokens", "steps", "budget", "status", "description"),
+                           ("#", "commit", metric, "MFU", "tokens", "steps", "budget", "status", "description"),
                            top))
     out += points_sections(report["points"], report["tags"])
     best = report["best"]
@@ -267,14 +284,14 @@ def sections(report: dict) -> list[Section]:
         rows += [(k, v) for k, v in (("TIME_BUDGET", axis_value("TIME_BUDGET", best["time_budget"])),
                                      ("seed", _f(best["seed"], 0))) if v != "-"]
         rows.append(("reproduce", best["command"]))
-        title = f"best: {best['commit'][:7]}  val_bpb {best['val_bpb']:.6f}"
+        title = f"best: {best['commit'][:7]}  {obj['name']} {best['val_bpb']:.6f}{' ' + obj['unit'] if obj['name'] != VAL_BPB else ''}"
         if point:
             spread = f" ± {point['spread']:.6f}" if point["spread"] is not None else ""
             title = (f"best point: {point['label']}  val_bpb {point['mean']:.6f}{spread} over {point['n']} seed(s); "
                      f"its best run {best['commit'][:7]} ({best['val_bpb']:.6f})")
         out.append(Section(title, ("knob", "value"), rows))
     for knob, entries in report["per_knob"].items():
-        out.append(Section(f"per-knob: {knob}", ("value", "best val_bpb", "runs", "commit"),
+        out.append(Section(f"per-knob: {knob}", ("value", f"best {obj['name']}", "runs", "commit"),
                            [(_value(e["value"]), _f(e["best_val_bpb"], 6), str(e["runs"]), (e["commit"] or "-")[:7])
                             for e in entries]))
     if report["validation"]:

@@ -27,7 +27,8 @@ def report(
     """Read the results of a run or a sweep: the best config and how to reproduce it."""
     warn = lambda msg: err_console.print(f"warning: {msg}", highlight=False, soft_wrap=True)  # noqa: E731
     tags, rows = rep.load(repo, tag, all_tags, warn=warn)
-    data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row))
+    data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row),
+                     objective=rep.objective_of(repo, tags))
     written = plots.write_plots(data, rows, repo, plot, warn)
     data.update(written, journals=rep.journals(repo, tags))
     if as_json:
