@@ -110,6 +110,11 @@ class Objective:
 DEFAULT = Objective()
 
 
+def shown(cmd: tuple[str, ...]) -> str:
+    """A command as the user wrote it: ar's interpreter shown as `python`."""
+    return " ".join(("python" if i == 0 and c == sys.executable else c) for i, c in enumerate(cmd))
+
+
 def parse(raw: Any, source: str) -> Objective:
     """The `objective:` block of a config file, checked; one-line errors naming the key."""
     where = f"objective in {source}"

@@ -18,6 +18,7 @@ from .layout import STATUS, RunsLayout
 from .ledger import Ledger, Status
 from .lock import read_holder
 from .loop import Event, Loop
+from .objective import shown
 
 
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
@@ -36,8 +37,8 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     if cfg.proposer is None and proposer.name == "strategy":
         say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
     if custom:
-        say(f"objective {cfg.objective.label()}: gate {' '.join(cfg.objective.gate) or '(none)'}, then "
-            f"{' '.join(cfg.objective.command)}")
+        say(f"objective {cfg.objective.label()}: gate {shown(cfg.objective.gate) or '(none)'}, then "
+            f"{shown(cfg.objective.command)}")
     elif cfg.profile == "auto":
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
         say(f"{what}: {loop.profile.name} profile ({loop.budget(None):g}s budget, {loop.eval_tokens} eval tokens)")

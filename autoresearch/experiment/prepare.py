@@ -106,7 +106,7 @@ def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
     else:
         seen = Context(ctx.root, lp.train_file, before, lp.ledger.best_kept(), _rows_in_flight(lp),
                        spec.id, x.stage, lp.tag, lp.profile, lp.budget(None), lp.eval_tokens, lp.noise,
-                       list(lp.cfg.allowed_paths), _agent_policy(lp))
+                       list(lp.cfg.allowed_paths), _agent_policy(lp), lp.cfg.objective)
         try:
             proposal = lp.proposer.propose(seen)
         except ProposalFailed as e:

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..harness.env import Profile
 from ..knobs import Value
 from ..ledger import Row
+from ..objective import DEFAULT as DEFAULT_OBJECTIVE, Objective
 
 
 class ProposalFailed(Exception):
@@ -45,6 +46,7 @@ class Context:
     noise: float
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])
     sandbox: dict | None = None  # the agent's sandbox policy (harness/sandbox.py): what it may not read or change
+    objective: Objective = DEFAULT_OBJECTIVE   # what the results measure (val_bpb unless the config names another)
 
 
 class Proposer(Protocol):

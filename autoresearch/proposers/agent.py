@@ -25,6 +25,7 @@ from .. import faults, memory
 from ..errors import ConfigError
 from ..ledger import Row
 from ..runner import STOP_INTERRUPTED, run_training
+from ..objective import shown
 from . import Context, Proposal, ProposalFailed
 
 PRESETS: dict[str, list[str]] = {
@@ -111,29 +112,44 @@ def _result_line(r: Row) -> str:
 
 def render_prompt(ctx: Context, *, program: str, last_n: int, description_file: Path, memory: str = "") -> str:
     knobs = "\n".join(f"  {k} = {v!r}" for k, v in ctx.knobs.items()) or "  (none found)"
+    obj = ctx.objective
     best = ("none yet" if ctx.best is None else
-            f"{_fmt_bpb(ctx.best.val_bpb)} val_bpb at commit {ctx.best.commit} ({ctx.best.description})")
+            f"{_fmt_bpb(ctx.best.val_bpb)} {obj.name} at commit {ctx.best.commit} ({ctx.best.description})")
     recent = "\n".join(_result_line(r) for r in ctx.rows[-last_n:]) if last_n else ""
     allowed = ", ".join(ctx.allowed_paths)
     return f"""{program.rstrip()}
 
 ## This proposal (experiment {ctx.exp_id:04d}, tag {ctx.tag})
 Hardware: {describe_hardware(ctx.profile.name)}
-Budget: {ctx.time_budget:g} s of training; evaluation on {ctx.eval_tokens} tokens (both fixed by the runner)
-Keep threshold: a change is kept only if val_bpb improves by more than {ctx.noise:g}
+{_measure_lines(ctx)}
 Best so far: {best}
-Knobs of the current train.py (the best kept version):
+Knobs of the current {ctx.train_file} (the best kept version):
 {knobs}
-Last {min(last_n, len(ctx.rows))} results (exp, commit, status, val_bpb, description):
+Last {min(last_n, len(ctx.rows))} results (exp, commit, status, {obj.name}, description):
 {recent or "  (none yet)"}
 {memory.rstrip() + chr(10) if memory.strip() else ""}
 ## Rules
 - Change only {allowed}. Any other change (harness, data, configs, program.md, tests, .git, runs/) is
   rejected and reverted.
-- Do not run training; the runner runs it after you finish, for the fixed budget.
+- {"Do not run training; the runner runs it after you finish, for the fixed budget." if not obj.custom else
+   "Testing is fine, but what counts is the runner's own run of the gate and the benchmark after you finish."}
 - Never read or change the time budget, evaluation size, seed or result file (AR_* variables).
 - Write a one-line description of your change to {description_file} (or make it your last line of output).
 """
+
+
+def _measure_lines(ctx: Context) -> str:
+    """How the proposal is measured and kept: val_bpb after a fixed training budget, or the objective's command."""
+    obj = ctx.objective
+    if not obj.custom:
+        return (f"Budget: {ctx.time_budget:g} s of training; evaluation on {ctx.eval_tokens} tokens (both fixed by "
+                f"the runner)\nKeep threshold: a change is kept only if val_bpb improves by more than {ctx.noise:g}")
+    better = "lower" if obj.direction == "min" else "higher"
+    gate = f"the correctness gate `{shown(obj.gate)}` must pass, then " if obj.gate else ""
+    share = (f"{obj.noise_share:.0%} of the best" if obj.noise_share is not None else
+             f"{obj.threshold(ctx.noise, None):g} {obj.unit}".strip())
+    return (f"Measure: {gate}the runner reads {obj.name} ({obj.unit or 'no unit'}, {better} is better) from its own "
+            f"benchmark\nKeep threshold: a change is kept only if {obj.name} improves by more than {share}")
 
 
 def load_program(root: Path, name: str) -> str:
