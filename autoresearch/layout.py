@@ -28,6 +28,13 @@ JOURNAL, JOURNAL_JSON, GRID = "journal.md", "journal.json", "grid.png"
 DERIVED = (STATUS, JOURNAL, JOURNAL_JSON, GRID)        # views rewritten from the records at any time
 
 
+def is_derived(name: str) -> bool:
+    """A derived view, or the temporary file it is being written through (`.NAME.<pid>.<thread>.tmp`): both may
+    change under a running proposal without the proposal having touched them."""
+    return name in DERIVED or (name.startswith(".") and name.endswith(".tmp")
+                               and any(name.startswith(f".{d}.") for d in DERIVED))
+
+
 @dataclass(frozen=True)
 class RunsLayout:
     """runs/ of one repository."""

@@ -121,3 +121,17 @@ def test_checks_are_relative_to_the_parent():
 def test_the_shipped_train_py_passes_against_itself():
     text = (ROOT / "train.py").read_text()
     assert guards.check_source(text, parent_text=text) is None
+
+
+def test_a_derived_views_temporary_file_is_not_the_proposals_change(tmp_path):
+    # The scheduler's thread rewrites status.json (through .status.json.<pid>.<thread>.tmp) while a slot's
+    # proposal runs; seeing that temporary file must not reject the proposal. A proposal's own file still counts.
+    tag = tmp_path / "t"
+    tag.mkdir()
+    (tag / "results.tsv").write_text("x\n")
+    before = guards._runs_files(tag)
+    (tag / ".status.json.123.456.tmp").write_text("{}")
+    (tag / "status.json").write_text("{}")
+    assert guards._runs_files(tag) == before
+    (tag / ".results.tsv.1.2.tmp").write_text("forged")
+    assert ".results.tsv.1.2.tmp" in guards._runs_files(tag)
