@@ -45,12 +45,12 @@ class Usage:
             return None
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(_plus(self.input_tokens, other.input_tokens), _plus(self.output_tokens, other.output_tokens),
                      _plus(self.usd, other.usd), self.cached_input_tokens + other.cached_input_tokens,
                      self.model or other.model)
 
-    def priced(self, prices: Prices | None) -> "Usage":
+    def priced(self, prices: Prices | None) -> Usage:
         """With a USD cost from the price table when the agent reported tokens but no cost."""
         if self.usd is not None or self.tokens is None or not prices:
             return self
@@ -299,8 +299,9 @@ def _aider_count(m: re.Match | None) -> int | None:
 # --------------------------------------------------------------------------------------- over the ledger
 
 def spent(rows: Iterable) -> float:
-    """USD the agents spent over these rows (rows of unknown cost add nothing)."""
-    return sum(r.agent_usd for r in rows if getattr(r, "agent_usd", None) is not None)
+    """USD the agents spent over these rows (rows of unknown cost add nothing); rounded past the 4 decimals a row
+    keeps, so that 3 x 0.04 reaches a limit of 0.12."""
+    return round(sum(r.agent_usd for r in rows if getattr(r, "agent_usd", None) is not None), 6)
 
 
 def summary(rows: Iterable) -> dict | None:
