@@ -270,7 +270,7 @@ def sections(report: dict) -> list[Section]:
     spent = report.get("agent_cost")
     if spent:
         out.append(Section(f"agent cost — {', '.join(report['tags'])}",
-                           ("USD", "tokens", "proposals with a cost", "kept improvements", "USD per keep"),
+                           ("USD", "tokens in+out", "proposals with a cost", "kept improvements", "USD per keep"),
                            [(_f(spent["usd"], 4, prefix="$"), f"{spent['tokens']:,}", str(spent["experiments"]),
                              str(spent["keeps"]), _f(spent["usd_per_keep"], 4, prefix="$"))]))
     out += points_sections(report["points"], report["tags"])
