@@ -69,6 +69,9 @@ class RunConfig:
     plateau_after: int = 5                 # proposals without a keep before the agent's prompt switches strategy
                                            # (memory.py); 0: never
     program: str = "program.md"            # the agent's instructions, relative to the repo
+    max_usd: float | None = None           # stop before the next proposal once the tag's agents spent this (USD)
+    agent_prices: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> USD per 1M tokens
+                                           # ({input, output, cached_input}), for agents that report tokens only
     search_space: dict[str, list] = field(default_factory=dict)  # knob -> values, for grid and random
     # around the loop
     hooks: dict[str, list[str]] = field(default_factory=dict)  # event -> shell commands
@@ -100,7 +103,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     num = (int, float)
     if value is None:
         if key in {"time_budget", "eval_tokens", "holdout_tokens", "untimed_steps", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus",
-                   "ray_address"}:
+                   "ray_address", "max_usd"}:
             return None
         raise ConfigError(f"{where} may not be empty")
     if key == "objective":
@@ -142,10 +145,11 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be positive, not {value}")
         return value
     if key in ("time_budget", "startup_allowance", "eval_allowance", "noise", "min_mfu", "min_tokens_per_s",
-               "agent_timeout", "hook_timeout", "max_log_mb"):
+               "agent_timeout", "hook_timeout", "max_log_mb", "max_usd"):
         if isinstance(value, bool) or not isinstance(value, num) or not math.isfinite(value):
             raise ConfigError(f"{where} must be a finite number, not {value!r}")
-        if value < 0 or (value == 0 and key in ("time_budget", "agent_timeout", "hook_timeout", "max_log_mb")):
+        if value < 0 or (value == 0 and key in ("time_budget", "agent_timeout", "hook_timeout", "max_log_mb",
+                                                "max_usd")):
             raise ConfigError(f"{where} must be positive, not {value}")
         return float(value)
     if key == "search_space":
@@ -153,6 +157,8 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must map knob names to non-empty lists of values")
         from .knobs import parse_value
         return {str(k): [parse_value(x) if isinstance(x, str) else x for x in v] for k, v in value.items()}
+    if key == "agent_prices":
+        return _check_prices(value, where)
     if key == "hooks":
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must map events to lists of commands")
@@ -180,6 +186,23 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be a non-empty string")
         return value
     raise AssertionError(f"no validation for {key}")  # every field must be handled above
+
+
+def _check_prices(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """model -> {input, output[, cached_input]}: USD per million tokens, each a finite number >= 0."""
+    shape = f"{where} must map model names (or default) to {{input: USD, output: USD}} per million tokens"
+    if not isinstance(value, dict):
+        raise ConfigError(shape)
+    out = {}
+    for model, p in value.items():
+        if not isinstance(p, dict) or not {"input", "output"} <= set(p) or not set(p) <= {"input", "output",
+                                                                                         "cached_input"}:
+            raise ConfigError(f"{shape}; {model!r} has {p!r}")
+        for k, v in p.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{where}: {model}.{k} must be a finite number >= 0, not {v!r}")
+        out[str(model)] = {k: float(v) for k, v in p.items()}
+    return out
 
 
 FIELD_NAMES = tuple(f.name for f in fields(RunConfig))

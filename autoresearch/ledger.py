@@ -58,14 +58,15 @@ class Status(str, Enum):
 UPSTREAM_COLUMNS = ("commit", "val_bpb", "memory_gb", "status", "description")
 COLUMNS = UPSTREAM_COLUMNS + (
     "exp_id", "tag", "parent", "mfu", "tokens_per_s", "training_seconds", "total_seconds", "num_steps",
-    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "sweep", "finished_at",
+    "total_tokens_M", "time_budget", "seed", "knobs", "reason", "started_at", "agent_tokens", "agent_usd", "sweep",
+    "finished_at",
 )  # finished_at stays last: a line cut short by a kill is told by its incomplete timestamp
 HEADER = "\t".join(COLUMNS) + "\n"
 
 # How each numeric column is written (digits after the point) and read back.
 _FLOATS = {"val_bpb": 6, "memory_gb": 1, "mfu": 2, "tokens_per_s": 0, "training_seconds": 1,
-           "total_seconds": 1, "total_tokens_M": 1}
-_INTS = ("exp_id", "num_steps", "seed")
+           "total_seconds": 1, "total_tokens_M": 1, "agent_usd": 4}
+_INTS = ("exp_id", "num_steps", "seed", "agent_tokens")
 _TIMESTAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{2}|Z)$")
 
 
@@ -97,6 +98,8 @@ class Row:
     started_at: str = ""
     finished_at: str = ""
     sweep: dict = field(default_factory=dict)  # a sweep point's identity: name, point, axes, base (sweepfile)
+    agent_tokens: int | None = None  # what the proposal's agent used (tokens in + out) and cost; None: not reported
+    agent_usd: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

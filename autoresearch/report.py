@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from . import cost
 from .errors import ArError, ConfigError
 from . import objective
 from .layout import RESULTS, RunsLayout
@@ -244,9 +245,22 @@ def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callab
                               else f"git checkout {shlex.quote(best.commit)}")}
         if best_point is not None:
             best_d["point"] = {k: best_point[k] for k in ("sweep", "label", "axes", "mean", "spread", "n")}
-    return {"tags": list(tags), "objective": objective.describe(), "counts": _counts(rows), "run_counts": _counts(race_rows), "best": best_d,
-            "top": [experiments[i] for i in ranked], "per_knob": per_knob(race_rows, objective),
-            "validation": validation(race_rows), "points": points, "experiments": experiments}
+    out = {"tags": list(tags), "objective": objective.describe(), "counts": _counts(rows),
+           "run_counts": _counts(race_rows), "best": best_d,
+           "top": [experiments[i] for i in ranked], "per_knob": per_knob(race_rows, objective),
+           "validation": validation(race_rows), "points": points, "experiments": experiments}
+    return _with_agent_cost(out, rows)
+
+
+def _with_agent_cost(report: dict, rows: Sequence) -> dict:
+    """The agents' total cost and tokens and the cost per kept improvement, and each experiment's own, under
+    `agent_cost`; a report with no cost anywhere stays as it was."""
+    spent = cost.summary(rows)
+    if spent is None:
+        return report
+    for e, r in zip(report["experiments"], rows):   # `top` holds the same dicts
+        e["agent_tokens"], e["agent_usd"] = getattr(r, "agent_tokens", None), getattr(r, "agent_usd", None)
+    return {**report, "agent_cost": spent}
 
 
 def _counts(rows: Sequence) -> dict[str, int]:
@@ -271,6 +285,12 @@ def sections(report: dict) -> list[Section]:
         out.append(Section(f"top {len(top)} of {n} experiments ({counts}) — {', '.join(report['tags'])}",
                            ("#", "commit", metric, "MFU", "tokens", "steps", "budget", "status", "description"),
                            top))
+    spent = report.get("agent_cost")
+    if spent:
+        out.append(Section(f"agent cost — {', '.join(report['tags'])}",
+                           ("USD", "tokens in+out", "proposals with a cost", "kept improvements", "USD per keep"),
+                           [(_f(spent["usd"], 4, prefix="$"), f"{spent['tokens']:,}", str(spent["experiments"]),
+                             str(spent["keeps"]), _f(spent["usd_per_keep"], 4, prefix="$"))]))
     out += points_sections(report["points"], report["tags"])
     best = report["best"]
     if best:
@@ -349,10 +369,10 @@ def _clean(v):
     return getattr(v, "value", v)
 
 
-def _f(v, digits: int, unit: str = "") -> str:
+def _f(v, digits: int, unit: str = "", prefix: str = "") -> str:
     if v is None:
         return "-"
-    return f"{v:.{digits}f}{unit}"
+    return f"{prefix}{v:.{digits}f}{unit}"
 
 
 def _value(v) -> str:

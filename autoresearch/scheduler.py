@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from . import cost
 from .config import RunConfig
 from .errors import ArError, ConfigError
 from .executors import Slot, parse_gpus
@@ -76,11 +77,14 @@ class Scheduler:
         self.n = self.kept = self.failures = 0
         self.t0 = time.monotonic()
         self.interrupted_at = 0.0
+        self.max_usd = loop.cfg.max_usd
+        self.cost_unknown_said = False
 
     def run(self) -> tuple[str, bool, bool]:
         """(why it stopped, failed, interrupted)."""
         lp = self.loop
         no_more = ""   # why nothing more is dispatched (a limit, an empty queue); the loop ends when flights drain
+        self._say_budget()
         with cf.ThreadPoolExecutor(max_workers=len(lp.slots), thread_name_prefix="ar-slot") as pool:
             try:
                 try:
@@ -128,9 +132,26 @@ class Scheduler:
         if f.x.spec.kind == "baseline" and row.status is not Status.KEEP:
             raise Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); fix train.py or the "
                        f"setup, see {lp.exp_dir_of(row)}/train.log", failed=True)
+        if (self.max_usd is not None and row.agent_usd is None and not self.cost_unknown_said
+                and f.x.spec.kind == "propose" and getattr(lp.proposer, "name", "") == "agent"):
+            self.cost_unknown_said = True
+            lp.say(f"the agent reported no cost for experiment {row.exp_id:04d}: it does not count toward --max-usd "
+                   "(an agent that prints tokens only needs agent_prices in the config)", "warn")
         if self.failures >= lp.cfg.max_consecutive_crashes:
             raise Stop(f"{self.failures} crashed, timed-out or rejected experiments in a row "
                        f"(--max-consecutive-crashes {lp.cfg.max_consecutive_crashes}); last: {row.reason}", failed=True)
+
+    def _say_budget(self) -> None:
+        """With --max-usd: what the tag has spent already, or that this proposer spends nothing."""
+        lp = self.loop
+        if self.max_usd is None:
+            return
+        if getattr(lp.proposer, "name", "") != "agent":
+            lp.say(f"--max-usd {self.max_usd:g} has nothing to count: only an agent proposer reports a cost", "warn")
+            return
+        spent = cost.spent(lp.ledger.rows())
+        if spent:
+            lp.say(f"agent cost so far on tag {lp.tag}: ${spent:.4f} of --max-usd {self.max_usd:g}")
 
     def _dispatch(self, pool) -> str:
         """Fill the free slots from the queue (proposing when it is empty); a reason when nothing more will go."""
@@ -140,6 +161,10 @@ class Scheduler:
                 return f"reached --max-experiments {self.max_experiments}"
             if self.max_hours is not None and time.monotonic() - self.t0 >= self.max_hours * 3600:
                 return f"reached --max-hours {self.max_hours:g}"
+            if self.max_usd is not None:   # from the ledger: the spend of earlier sessions of the tag counts
+                spent = cost.spent(lp.ledger.rows())
+                if spent >= self.max_usd:
+                    return f"reached --max-usd {self.max_usd:g}: the agents of tag {lp.tag} spent ${spent:.4f}"
             if self.flights and self.flights[0].x.spec.kind == "baseline":
                 return ""       # everything else starts from the baseline's result
             flying = {f.x.spec.id for f in self.flights}

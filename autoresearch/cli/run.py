@@ -91,6 +91,8 @@ def run(
                                                      "{prompt_file}.")] = None,
     max_experiments: Annotated[Optional[int], typer.Option(min=1, help="Stop after N experiments.")] = None,
     max_hours: Annotated[Optional[float], typer.Option(min=0, help="Start no experiment after H hours.")] = None,
+    max_usd: Annotated[Optional[float], typer.Option(help="Start no proposal once the tag's agents have spent X "
+                                                         "USD (as they report it; see results.tsv agent_usd).")] = None,
     time_budget: Annotated[Optional[float], typer.Option(help="Training seconds per experiment.")] = None,
     config: Annotated[Optional[Path], typer.Option(help="YAML config (see configs/run.yaml).")] = None,
     calibrate_noise: Annotated[int, typer.Option(min=0, help="Run the baseline K times (K >= 2; 0: off) and keep "
@@ -107,7 +109,7 @@ def run(
     address: AddressOpt = None,
 ) -> None:
     """Propose, commit, train for a fixed budget, measure val_bpb, keep or revert — until a limit."""
-    cfg = load_config(config, {"proposer": proposer, "agent": agent, "time_budget": time_budget,
+    cfg = load_config(config, {"proposer": proposer, "agent": agent, "time_budget": time_budget, "max_usd": max_usd,
                                "max_consecutive_crashes": max_consecutive_crashes,
                                "sandbox": False if unsandboxed else None, **scale_out(
                                    gpus, stale_policy, executor, address)})

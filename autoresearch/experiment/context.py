@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cost import Usage
 from ..errors import ArError
 from ..executors import Slot
 from ..gitops import GitRepo
@@ -58,6 +59,7 @@ class Experiment:
     outcome: execute.TrainOutcome | None = None   # ar's clock on the run
     verdict: evaluate.Verdict | None = None       # the trusted evaluator's record
     has_checkpoint: bool = False
+    agent_usage: Usage | None = None              # what the proposal's agent spent (recorded even when refused)
 
 
 @dataclass

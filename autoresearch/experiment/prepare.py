@@ -110,10 +110,11 @@ def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
         try:
             proposal = lp.proposer.propose(seen)
         except ProposalFailed as e:
-            x.description = f"{lp.proposer.name} proposal"
+            x.description, x.agent_usage = f"{lp.proposer.name} proposal", e.usage
             return str(e)
         if proposal is None:
             return None
+        x.agent_usage = proposal.usage      # spent whatever becomes of the proposal (rejected included)
     x.description = proposal.description
     if proposal.knobs:
         try:

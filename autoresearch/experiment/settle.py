@@ -189,7 +189,9 @@ def _row(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> Row:
                num_steps=m.num_steps if m else None, total_tokens_M=m.total_tokens_M if m else None,
                time_budget=x.time_budget if x.sha else None, seed=x.seed if x.sha else None,
                knobs=x.knobs, reason=reason, started_at=x.started_at,
-               sweep=dict(x.spec.payload.get("sweep") or {}))  # a sweep point's identity, from its spec
+               sweep=dict(x.spec.payload.get("sweep") or {}),  # a sweep point's identity, from its spec
+               agent_tokens=x.agent_usage.tokens if x.agent_usage else None,
+               agent_usd=x.agent_usage.usd if x.agent_usage else None)
 
 
 def fire(lp, row: Row) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..config import RunConfig
+from ..cost import Usage
 from ..errors import ConfigError
 from ..harness.env import Profile
 from ..knobs import Value
@@ -21,13 +22,19 @@ from ..objective import DEFAULT as DEFAULT_OBJECTIVE, Objective
 
 
 class ProposalFailed(Exception):
-    """The proposer could not produce a change (agent crashed, timed out, …); the loop records `rejected`."""
+    """The proposer could not produce a change (agent crashed, timed out, …); the loop records `rejected`, with
+    what the agent spent on the way (`usage`)."""
+
+    def __init__(self, message: str, usage: Usage | None = None):
+        super().__init__(message)
+        self.usage = usage
 
 
 @dataclass
 class Proposal:
     description: str
     knobs: dict[str, Value] | None = None   # a knob edit for the loop to apply; None: the tree was edited
+    usage: Usage | None = None              # what the agent spent on it (tokens, USD); None: not reported
 
 
 @dataclass
@@ -65,7 +72,7 @@ def make_proposer(cfg: RunConfig, name: str | None = None) -> Proposer:
         if not cfg.agent:
             raise ConfigError("the agent proposer needs --agent claude|codex|aider|'COMMAND {prompt_file}'")
         return AgentProposer(cfg.agent, timeout=cfg.agent_timeout, last_n=cfg.last_n_results,
-                             program=cfg.program, plateau_after=cfg.plateau_after)
+                             program=cfg.program, plateau_after=cfg.plateau_after, prices=cfg.agent_prices)
     if name == "grid":
         if not cfg.search_space:
             raise ConfigError("the grid proposer needs search_space (knob -> list of values) in the config file")

@@ -4,7 +4,9 @@ Each proposal is a fresh invocation in the repo with a rendered prompt: program.
 (hardware, budget, knobs, best result, last N results, rules). The agent edits; it never runs training.
 It runs in its own process group with a timeout (the whole group is killed), its output goes to
 `agent.log` (capped). Its one-line description is the first line of the file named by
-$AR_DESCRIPTION_FILE if it wrote one, else its last non-empty output line.
+$AR_DESCRIPTION_FILE if it wrote one, else the last line of its final message (claude's and codex's JSON
+output), else its last non-empty output line. What it spent (tokens, USD) is read from its output
+(cost.UsageReader: each preset's own report, or an `AR_USAGE {...}` line) and recorded with the result.
 
 A free-form command may name `{prompt}` (the prompt text as one argument) or `{prompt_file}` (a file
 holding it); a command that names neither gets the prompt as its last argument.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import faults, memory
+from ..cost import Prices, UsageReader
 from ..errors import ConfigError
 from ..ledger import Row
 from ..runner import STOP_INTERRUPTED, run_training
@@ -29,8 +32,10 @@ from ..objective import shown
 from . import Context, Proposal, ProposalFailed
 
 PRESETS: dict[str, list[str]] = {
-    "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
-    "codex": ["codex", "exec", "--full-auto", "{prompt}"],
+    # --output-format json / --json change only what is printed (a result object, JSONL events): the cost and
+    # token counts ar records come from there; the final message stays readable inside it
+    "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits", "--output-format", "json"],
+    "codex": ["codex", "exec", "--full-auto", "--json", "{prompt}"],
     "aider": ["aider", "--yes-always", "--no-auto-commits", "--no-dirty-commits", "--message", "{prompt}",
               "train.py"],
 }
@@ -163,8 +168,9 @@ class AgentProposer:
     name = "agent"
 
     def __init__(self, agent: str, *, timeout: float = 900.0, last_n: int = 10, program: str = "program.md",
-                 plateau_after: int = 5):
+                 plateau_after: int = 5, prices: Prices | None = None):
         self.agent = agent
+        self.prices = prices
         self.plateau_after = plateau_after
         self.argv = command_for(agent)
         self.timeout = timeout
@@ -182,9 +188,10 @@ class AgentProposer:
         prompt_file.write_text(prompt)
         description_file.unlink(missing_ok=True)
         last = [""]
+        reader = UsageReader()
 
         def on_line(line: str) -> None:
-            if line.strip():
+            if not reader.feed(line) and line.strip():   # usage reports and JSON events are not its last words
                 last[0] = line.strip()
             faults.point("agent")
 
@@ -204,12 +211,13 @@ class AgentProposer:
             record()
         if result.stop_reason == STOP_INTERRUPTED:
             raise KeyboardInterrupt
+        usage = reader.usage(self.prices)   # spent even when the proposal fails or is refused later
         if result.timed_out:
-            raise ProposalFailed(f"agent timed out after {self.timeout:g}s (its process group was killed)")
+            raise ProposalFailed(f"agent timed out after {self.timeout:g}s (its process group was killed)", usage)
         if result.returncode != 0:
             why = result.stop_reason or f"exit code {result.returncode}"
-            raise ProposalFailed(f"agent failed ({why}): {last[0][:160]}")
-        return Proposal(self._description(description_file, last[0]))
+            raise ProposalFailed(f"agent failed ({why}): {(last[0] or reader.final_line())[:160]}", usage)
+        return Proposal(self._description(description_file, reader.final_line() or last[0]), usage=usage)
 
     def _memory(self, ctx: Context) -> tuple[str, Callable[[], None]]:
         """(the journal's digest for the prompt and, on a plateau, the strategy switch; a function that writes
