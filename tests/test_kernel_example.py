@@ -61,15 +61,24 @@ def test_ar_run_keeps_the_speed_up_and_rejects_the_wrong_result_and_the_cheat(tm
 
 
 @needs_sandbox
-def test_the_clock_and_the_metric_are_out_of_the_candidates_reach(tmp_path):
+def test_the_clock_the_metric_and_a_cache_are_out_of_the_candidates_reach(tmp_path):
     # The candidate stops the clocks of its own process and prints the metric it would like, on stdout (the
-    # harness's pipe), on stderr, and at exit; it computes honestly, so only what it claims is false.
+    # harness's pipe), on stderr, and at exit; it computes honestly, so only what it claims is false. It also
+    # keeps an exact cache of its outputs by the inputs' bytes, and fails loudly if the cache ever hits: no
+    # input may repeat (warm-up and timed windows included), or caching would pay.
     cheat = '''
-import atexit, sys, time
+import atexit, hashlib, sys, time
 time.perf_counter = time.monotonic = time.time = lambda: 0.0
 print('{"us_per_call": 0.001}')
 sys.stderr.write('{"us_per_call": 0.001}\\n')
 atexit.register(lambda: print('{"us_per_call": 0.001}'))
+_cache, _honest = {}, softcap_ce
+def softcap_ce(logits, targets, cap):
+    key = hashlib.sha1(logits.float().numpy().tobytes() + targets.numpy().tobytes()).hexdigest()
+    if key in _cache:
+        raise RuntimeError("cache hit: an input was repeated")
+    _cache[key] = out = _honest(logits, targets, cap)
+    return out
 '''
     root = _workspace(tmp_path, block=2048, extra=cheat)
     out = subprocess.run([sys.executable, "bench.py"], cwd=root, capture_output=True, text=True, timeout=300)
