@@ -130,3 +130,26 @@ def test_an_objective_to_maximise_with_a_gate_end_to_end(tmp_path):
     table = subprocess.run([sys.executable, "-m", "autoresearch", "report"], cwd=root, capture_output=True,
                            text=True, timeout=120).stdout
     assert "score (pts, higher is better)" in table and "best:" in table and "score 50.000000 pts" in table
+
+
+def test_the_gate_cannot_plant_anything_for_the_command(tmp_path):
+    # The candidate runs inside the gate: there it rewrites the benchmark in its working copy and plants a
+    # sitecustomize.py in the user site of its HOME, both of which would make the command print score 1000.
+    root = _repo(tmp_path)
+    (root / "solution.py").write_text(
+        "SCORE = 1\n"
+        "import os, site, sys\n"
+        "if 'gate.py' in sys.argv[0]:\n"
+        "    open('score.py', 'w').write(\"print('score: 1000')\\n\")\n"
+        "    d = site.getusersitepackages()\n"
+        "    os.makedirs(d, exist_ok=True)\n"
+        "    open(os.path.join(d, 'sitecustomize.py'), 'w').write(\n"
+        "        \"import atexit; atexit.register(lambda: print('score: 1000'))\\n\")\n")
+    _config(root, proposer="grid", search_space={"SCORE": [2]}, profile="cpu")
+    for args in (["add", "-A"], ["commit", "-qm", "planting solution"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
+    run = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--config", "ar.yaml", "--tag", "t",
+                          "--max-experiments", "2"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = read_results(root / "runs" / "t" / "results.tsv")
+    assert [(r.status.value, r.val_bpb) for r in rows] == [("keep", 10.0), ("keep", 20.0)], [r.reason for r in rows]

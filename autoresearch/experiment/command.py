@@ -1,6 +1,6 @@
-"""Execute + evaluate for a command objective (objective.py): the correctness gate, then the command, each in
-the experiment's fresh workspace, in the sandbox, under one time limit on ar's clock. The metric is read from
-the command's output by ar; the gate's verdict is its exit code.
+"""Execute + evaluate for a command objective (objective.py): the correctness gate, then the command, each in a
+fresh workspace of its own, in the sandbox, under one time limit on ar's clock. The metric is read from the
+command's output by ar; the gate's verdict is its exit code.
 
 The proposal cannot change the gate or the command (config.py refuses an objective whose command lies in
 allowed_paths, and the guards refuse a commit outside them), so both run as committed at the session's start;
@@ -17,6 +17,7 @@ from pathlib import Path
 from ..objective import Objective
 from ..request import RunRequest
 from ..runner import run_training
+from . import execute
 from .evaluate import Verdict
 from .execute import TrainOutcome, Workspace
 from ..harness import sandbox
@@ -28,21 +29,30 @@ def policy(ws: Workspace) -> dict:
     return p
 
 
-def run(req: RunRequest, obj: Objective, ws: Workspace, exp_dir: Path, *, on_line=None) -> tuple[TrainOutcome, Verdict]:
-    """Gate, then command; (the outcome of the last process run, the verdict on it)."""
-    env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
-    wrap: list[str] = []
-    if req.sandbox:
-        (ws.root / "policy.json").write_text(json.dumps(policy(ws)))
-        wrap = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(ws.root / "policy.json"), "--"]
+def run(req: RunRequest, obj: Objective, git, work_root: Path, exp_dir: Path, *,
+        on_line=None) -> tuple[TrainOutcome, Verdict]:
+    """Gate, then command, each in a workspace of its own (the commit's tree exported afresh, an empty scratch
+    folder for HOME and TMPDIR): the candidate runs inside the gate, and nothing it leaves there — a rewritten
+    benchmark, a planted sitecustomize.py — may reach the command. (The outcome of the last process run, the
+    verdict on it.)"""
     deadline = time.monotonic() + obj.timeout
     record: dict = {"objective": obj.name, "unit": obj.unit, "direction": obj.direction}
     steps = [("gate", obj.gate, exp_dir / "gate.log")] if obj.gate else []
     steps.append(("command", obj.command, exp_dir / "train.log"))
     for name, cmd, log in steps:
-        result = run_training([*wrap, *cmd], cwd=ws.src, env=env, log_path=log,
-                              timeout=max(1.0, deadline - time.monotonic()), on_line=on_line,
-                              max_log_bytes=req.max_log_bytes)
+        ws, _ = execute.make_workspace(git, req.commit, work_root / name, None)
+        try:
+            env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
+            wrap: list[str] = []
+            if req.sandbox:
+                (ws.root / "policy.json").write_text(json.dumps(policy(ws)))
+                wrap = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(ws.root / "policy.json"),
+                        "--"]
+            result = run_training([*wrap, *cmd], cwd=ws.src, env=env, log_path=log,
+                                  timeout=max(1.0, deadline - time.monotonic()), on_line=on_line,
+                                  max_log_bytes=req.max_log_bytes)
+        finally:
+            execute.remove_workspace(ws)
         record[f"{name}_seconds"] = round(result.wall_seconds, 3)
         record[f"{name}_exit"] = result.returncode
         if result.returncode != 0 or result.stop_reason:

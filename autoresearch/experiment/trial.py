@@ -32,9 +32,9 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
               fingerprint: Fingerprint | None, on_line: Callable[[str], str | None] | None = None,
               allowance: float | None = None, after_run: Callable[[], str | None] | None = None,
               server: evaluate.Server) -> Trial:
-    ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
     if req.objective.custom:
-        return _command_trial(req, ws, exp_dir, fingerprint, on_line, after_run)
+        return _command_trial(req, git, work_root, exp_dir, fingerprint, on_line, after_run)
+    ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
@@ -54,16 +54,16 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     return Trial(out, verdict, has_ckpt, tampered, broken)
 
 
-def _command_trial(req: RunRequest, ws: execute.Workspace, exp_dir: Path, fingerprint: Fingerprint | None,
+def _command_trial(req: RunRequest, git: GitRepo, work_root: Path, exp_dir: Path, fingerprint: Fingerprint | None,
                    on_line, after_run) -> Trial:
-    """A command objective: gate and command in the workspace; the same after-run checks as training."""
+    """A command objective: gate and command, each in a fresh workspace; the same after-run checks as training."""
     try:
-        out, verdict = command.run(req, req.objective, ws, exp_dir, on_line=on_line)
+        out, verdict = command.run(req, req.objective, git, work_root, exp_dir, on_line=on_line)
         tampered = after_run() if after_run else None
         broken = fingerprint.changes() if fingerprint else None
         if broken:
             tampered = f"the run changed what it may not: {broken}"
     finally:
-        execute.remove_workspace(ws)
+        shutil.rmtree(work_root, ignore_errors=True)
     ran = out.result.returncode == 0 and not out.result.stop_reason
     return Trial(out, verdict, ran, tampered, broken)
