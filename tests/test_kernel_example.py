@@ -119,3 +119,10 @@ def softcap_ce(logits, targets, cap):
     out = subprocess.run([sys.executable, "check.py"], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "reference unreachable: " in out.stdout and "import: ModuleNotFoundError" in out.stdout, out.stdout
+
+
+def test_a_candidate_that_exits_early_with_success_fails_the_gate(tmp_path):
+    # os._exit(0) from inside the candidate: in a gate that imported it, that would be a pass.
+    root = _workspace(tmp_path, block=2048, extra="\nimport os\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "check.py"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "FAIL:" in out.stdout and "the worker" in out.stdout, out.stdout + out.stderr
