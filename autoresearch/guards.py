@@ -20,7 +20,7 @@ from pathlib import Path
 from . import faults
 from .errors import GitError
 from .knobs import parse_source
-from .layout import BOOKKEEPING, DERIVED
+from .layout import BOOKKEEPING, DERIVED, LIVE
 from .gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_CACHE", "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE",
@@ -43,7 +43,7 @@ def _runs_files(tag_dir: Path) -> dict[str, tuple[int, int]]:
     out = {}
     if tag_dir.is_dir():
         for f in tag_dir.rglob("*"):
-            if f.is_file() and f.name not in DERIVED:   # views rewritten from the records (ar status, ar journal)
+            if f.is_file() and f.name not in DERIVED + LIVE:   # views, and the event stream ar appends to
                 st = f.stat()
                 out[str(f.relative_to(tag_dir))] = (st.st_size, st.st_mtime_ns)
     return out
