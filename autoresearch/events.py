@@ -36,11 +36,12 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from .gitops import short
 from .ledger import LedgerError, _fsync_dir, append_line, is_json_object
 
 STEP_EVERY_S = 2.0
 MAX_BYTES = 1 << 20
-KILLED = "killed mid-session (no stop was written; kill -9 or the machine went down)"
+KILLED = "killed mid-session (kill -9, or a crash: no stop was written)"
 _EXP = ("experiment_started", "phase", "step", "experiment_settled")
 
 
@@ -81,7 +82,7 @@ class EventLog:
 
     # ------------------------------------------------------------------------------ one experiment
     def started(self, ctx, x) -> None:
-        self.write("experiment_started", exp_id=x.spec.id, kind=x.spec.kind, slot=ctx.slot.index, parent=x.parent,
+        self.write("experiment_started", exp_id=x.spec.id, kind=x.spec.kind, slot=ctx.slot.index, parent=short(x.parent),
                    commit=x.sha, description=x.description or x.spec.payload.get("description") or "",
                    budget=x.time_budget)
 
@@ -113,6 +114,8 @@ class EventLog:
         with self._lock:
             if "exp_id" in fields:
                 self._flush_locked(fields["exp_id"])      # the last step goes before the phase that ends it
+            if type == "experiment_settled":
+                self._step_at.pop(fields["exp_id"], None)
             self._append_locked({"t": time.time(), "type": type, **fields}, durable=True)
 
     def _flush_locked(self, exp_id: int) -> None:

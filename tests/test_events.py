@@ -231,7 +231,7 @@ def test_a_real_loop_writes_its_events_in_order_and_status_folds_them(tmp_path):
         assert "step" in kinds[kinds.index("training"):kinds.index("evaluating")]        # steps while training
         assert "step" not in kinds[kinds.index("evaluating"):]
     out = CliRunner().invoke(app, ["status", "--repo", str(root)], terminal_width=200).output
-    assert "no ar loop is running" in out and "last tag: t (last stop: reached --max-experiments 2)" in out, out
+    assert "no ar loop is running" in out and "last tag: t, last stop: reached --max-experiments 2" in out, out
     assert "now: idle" in out
     doc = json.loads(CliRunner().invoke(app, ["status", "--json", "--repo", str(root)]).output)
     assert doc["running"] is False and doc["status"]["state"] == "stopped" and doc["status"]["last"]["exp_id"] == 2

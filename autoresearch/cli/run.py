@@ -147,7 +147,7 @@ def _holder_line(st: dict) -> str:
     h, why = st["holder"], (st["status"] or {}).get("why")
     if not h:
         return f"no ar loop is running in {st['repo']}" + (f"; last tag: {st['tag']}" if st["tag"] else "") + (
-            f" (last stop: {why})" if why else "")
+            f", last stop: {why}" if why else "")
     return f"running: pid {h.get('pid')} on {h.get('host')} since {h.get('since')}, tag {h.get('tag')} " \
            f"(`{h.get('command')}`)"
 
