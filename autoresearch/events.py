@@ -33,8 +33,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .gitops import short
 from .ledger import LedgerError, _fsync_dir, append_line, is_json_object

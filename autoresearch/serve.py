@@ -30,7 +30,8 @@ from pathlib import Path
 
 from . import memory
 from .errors import ArError, ConfigError
-from .events import against_lock, fold, read as read_events
+from .events import against_lock, fold
+from .events import read as read_events
 from .gitops import GitRepo
 from .layout import TagLayout
 from .ledger import read_results

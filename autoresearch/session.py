@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from . import events
 from .config import RunConfig
 from .errors import ConfigError
 from .gitops import GitRepo
-from . import events
 from .layout import EVENTS, RESULTS, RunsLayout
 from .ledger import Ledger, Status
 from .lock import read_holder
