@@ -43,7 +43,7 @@ def _runs_files(tag_dir: Path) -> dict[str, tuple[int, int]]:
     out = {}
     if tag_dir.is_dir():
         for f in tag_dir.rglob("*"):
-            if f.is_file() and not is_derived(f.name):   # views rewritten from the records (ar status, ar journal)
+            if f.is_file() and not is_derived(f.name):   # views, and the event stream ar appends to
                 st = f.stat()
                 out[str(f.relative_to(tag_dir))] = (st.st_size, st.st_mtime_ns)
     return out

@@ -8,7 +8,7 @@
     runs/<tag>/hooks.jsonl             which hook fired for what (exactly once)
     runs/<tag>/meta.json               branch, base commit, the settings results compare under
     runs/<tag>/noise.json              the calibrated keep threshold
-    runs/<tag>/status.json             the live view (`ar status`)
+    runs/<tag>/events.jsonl            what the session does, as it happens (events.py; `ar status`, `ar serve`)
     runs/<tag>/journal.md, journal.json the research journal (memory.py), derived from the records
     runs/<tag>/grid.png                a sweep's grid plot (`ar report`)
     runs/<tag>/<NNNN>-<sha7>/          one experiment's files (train.log, record.json, metrics.json, diff.patch)
@@ -21,17 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .gitops import RUNS_DIR as RUNS                    # the folder git is told to ignore
-RESULTS, QUEUE, HOOKS, META, NOISE, STATUS = (
-    "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "status.json")
+RESULTS, QUEUE, HOOKS, META, NOISE, EVENTS = (
+    "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "events.jsonl")
+LOCK = ".ar.lock"
 BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META)    # what a run may never change
 JOURNAL, JOURNAL_JSON, GRID = "journal.md", "journal.json", "grid.png"
-DERIVED = (STATUS, JOURNAL, JOURNAL_JSON, GRID)        # views rewritten from the records at any time
+DERIVED = (JOURNAL, JOURNAL_JSON, GRID)                # views rewritten from the records at any time
+LIVE = (EVENTS, EVENTS + ".tmp")                       # appended by ar itself while proposals and runs go on
 
 
 def is_derived(name: str) -> bool:
-    """A derived view, or the temporary file it is being written through (`.NAME.<pid>.<thread>.tmp`): both may
+    """A derived view or the event stream, or the temporary file it is being written through (`.NAME.<pid>.<thread>.tmp`): both may
     change under a running proposal without the proposal having touched them."""
-    return name in DERIVED or (name.startswith(".") and name.endswith(".tmp")
+    return name in DERIVED + LIVE or (name.startswith(".") and name.endswith(".tmp")
                                and any(name.startswith(f".{d}.") for d in DERIVED))
 
 
@@ -47,7 +49,7 @@ class RunsLayout:
 
     @property
     def lock(self) -> Path:
-        return self.runs / ".ar.lock"
+        return self.runs / LOCK
 
     @property
     def work(self) -> Path:
@@ -80,7 +82,8 @@ class TagLayout:
     hooks = property(lambda self: self.dir / HOOKS)
     meta = property(lambda self: self.dir / META)
     noise = property(lambda self: self.dir / NOISE)
-    status = property(lambda self: self.dir / STATUS)
+    events = property(lambda self: self.dir / EVENTS)
+    lock = property(lambda self: self.dir.parent / LOCK)     # the repo's lock (runs/.ar.lock)
     journal = property(lambda self: self.dir / JOURNAL)
     journal_json = property(lambda self: self.dir / JOURNAL_JSON)
 

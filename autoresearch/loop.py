@@ -34,6 +34,7 @@ from typing import Callable
 from . import faults
 from .config import RunConfig
 from .errors import ConfigError, DataError
+from .events import EventLog, slot_fields
 from .gitops import GitRepo, branch_name, check_tag, default_tag, short
 from .harness import sandbox
 from .harness import data
@@ -44,7 +45,6 @@ from .integrity import Fingerprint, no_bytecode
 from .knobs import read_knobs
 from .layout import RunsLayout
 from .ledger import Ledger, Row, Status, now_iso, read_results
-from .livestatus import LiveStatus, slot_doc
 from .lock import RepoLock
 from .metrics import StepPoint
 from .proposers import Proposer
@@ -102,9 +102,7 @@ class Loop:
         self._lock = RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
         self._open = False
         self.peak_warned: set[str] = set()
-        self.status = LiveStatus(self.paths.status, {"tag": self.tag, "branch": self.branch,
-                                                     "profile": self.profile.name}, lambda: self.slots, self.multi,
-                                 lambda: self.ledger.best_kept() if hasattr(self, "ledger") else None)
+        self.events = EventLog(self.paths.events)
         self.halted: str | None = None  # the harness or data changed under a run: no further run can count
         self._contexts: dict[int, SlotContext] = {}   # slot index -> its tree, environment and evaluator
         self.flying: dict[int, tuple[dict, str]] = {}  # spec id -> (knobs, description) of proposals in flight
@@ -147,11 +145,13 @@ class Loop:
             self._lock.release()
             raise
         self._open = True
+        self.events.session_started(tag=self.tag, branch=self.branch, profile=self.profile.name, by_slot=self.multi,
+                                    slots=[slot_fields(s) for s in self.slots], budget=self.budget(None),
+                                    noise=self.noise)
         if self.multi:
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
                      f"{self.executor.name} executor; a win on a stale parent is "
                      f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}")
-            self.status.write(slots=[slot_doc(s) for s in self.slots])
 
     @property
     def slots(self) -> list[Slot]:
@@ -159,7 +159,7 @@ class Loop:
 
     @property
     def multi(self) -> bool:
-        """Whether status.json shows slots (several, or a separate worktree) rather than one experiment."""
+        """Whether the views show slots (several, or a separate worktree) rather than one experiment."""
         return not isinstance(self.executor, InlineExecutor)
 
     def close(self) -> None:
@@ -168,7 +168,7 @@ class Loop:
         self._contexts.clear()
         if self._open:
             self.executor.close()
-            self.status.write(state="stopped", experiment=None, step=None)
+            self.events.session_stopped()
             self._lock.release()
             self._open = False
 
@@ -208,7 +208,6 @@ class Loop:
         else:
             noise, source = (obj.noise, "objective.noise") if obj.noise is not None else (self.noise, source)
             self.say(f"keep threshold {noise:g} {obj.name} ({source})")
-        self.status.write(state="running", experiment=None, step=None)
 
     def _ensure_data(self) -> None:
         """Prepare `builtin` when it is missing (under the lock: a second `ar run` beside a running one is
@@ -404,6 +403,7 @@ class Loop:
         """Say why the loop stopped, fire loop_finished once, and release the repo if this call opened it."""
         if stop:
             self.say(f"stopped: {stop}")
+            self.events.stopping(stop)
             best = self.ledger.best_kept()
             self.hooks.fire("loop_finished", session, {"tag": self.tag, "experiments": n, "kept": kept,
                                                        "stop_reason": stop,

@@ -181,10 +181,10 @@ class Scheduler:
                 continue
             slot = self.free.pop(0)
             ctx = lp.slot_context(slot)
+            lp.events.started(ctx, x)
             flight = Flight(x, slot, pool.submit(prepare.prepare_and_run, lp, ctx, x))
             flight.future.add_done_callback(lambda _f, fl=flight: setattr(fl, "finished_at", time.time()))
             self.flights.append(flight)
-            lp.status.exp(ctx, x, "proposing")
         return ""
 
     def _wait(self) -> None:
@@ -197,7 +197,6 @@ class Scheduler:
                     g.slot == f.slot and not g.future.done() for g in self.flights):
                 self.free.append(f.slot)
                 self.free.sort(key=lambda s: s.index)
-                self.loop.status.idle(f.slot)
 
     def _settle(self, f: Flight) -> Row | None:
         """Decide and record one finished experiment (None: nothing was recorded, the proposer had nothing)."""
@@ -219,6 +218,7 @@ class Scheduler:
                 return settle.interrupted(lp, x, ran[3] if ran else None)
             if out.kind == "skipped":
                 lp.queue.done(x.spec.id, "skipped")
+                lp.events.settled(x, None)
                 return None
             if out.kind == "missing":
                 return settle.record_as(lp, x, Status.VALIDATION, reason=out.reason)

@@ -1,10 +1,12 @@
 """`ar serve`: a read-only live dashboard of one tag (or any results.tsv), pushed to the browser over SSE.
 
 The page (resources/dashboard.html + dashboard.js, no build step) loads `/api/state` once, then listens on
-`/api/events`: `status` events carry status.json (the running experiment, its last step, the slots) when it
-changes; `results` events carry the ledger rows, the best-so-far curve and the journal when results.tsv
-changes. The server looks at two files' size and mtime twice a second, once for all browsers (a change
-is read once and fanned out), so a dozen open tabs cost what one does.
+`/api/events`: `status` events carry the fold of events.jsonl (events.py: the session, the running experiment,
+its last step, the slots) when it changes; `results` events carry the ledger rows, the best-so-far curve and
+the journal when results.tsv changes. The server looks at two files' size and mtime twice a second, once for
+all browsers (a change is read once and fanned out), so a dozen open tabs cost what one does. While the fold
+says a session runs, the same watcher asks the repo lock whether it still does: a loop killed with kill -9
+writes no stop, and the page must not show it running.
 
 Safety: only GET; bound to 127.0.0.1 unless --host says otherwise, and then every request needs the token
 (`?token=` once, which sets a cookie, or `Authorization: Bearer`); on loopback the Host header must name
@@ -28,9 +30,12 @@ from pathlib import Path
 
 from . import memory
 from .errors import ArError, ConfigError
+from .events import against_lock, fold
+from .events import read as read_events
 from .gitops import GitRepo
 from .layout import TagLayout
 from .ledger import read_results
+from .lock import read_holder
 
 RESOURCES = Path(__file__).parent / "resources"
 POLL_S = 0.5
@@ -55,8 +60,8 @@ class Source:
     noise: float | None = None
 
     @property
-    def status(self) -> Path | None:
-        return TagLayout(self.tag_dir).status if self.tag_dir else None
+    def events(self) -> Path | None:
+        return TagLayout(self.tag_dir).events if self.tag_dir else None
 
     def name(self) -> str:
         return self.tag_dir.name if self.tag_dir else self.results.name
@@ -79,11 +84,16 @@ def _stamp(path: Path | None) -> tuple[int, int] | None:
 
 
 def read_status(src: Source) -> dict:
-    try:
-        doc = json.loads(src.status.read_text()) if src.status else {}
-    except (OSError, ValueError):
-        doc = {}
-    return doc if isinstance(doc, dict) else {}
+    """The fold of the tag's events ({} for a results file outside runs/)."""
+    return fold(read_events(src.events)) if src.events else {}
+
+
+def alive(src: Source, state: dict) -> dict:
+    """`state` checked against the repo lock (only while it says a session runs: a stopped one stays stopped)."""
+    if state.get("state") != "running" or src.tag_dir is None:
+        return state
+    lock = TagLayout(src.tag_dir).lock
+    return against_lock(state, read_holder(lock) if lock.exists() else None)
 
 
 def read_results_state(src: Source) -> dict:
@@ -132,6 +142,7 @@ class Hub:
         self.events: dict[str, tuple[int, str]] = {}   # kind -> (version, JSON) of the latest change
         self._cond: asyncio.Condition | None = None
         self._stamps: dict[str, tuple[int, int] | None] = {}
+        self._fold: dict = {}                          # the events' fold, before the lock check
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -145,18 +156,26 @@ class Hub:
 
     def check(self) -> bool:
         changed = False
-        for kind, path, read in (("status", self.src.status, read_status),
-                                 ("results", self.src.results, read_results_state)):
+        for kind, path in (("status", self.src.events), ("results", self.src.results)):
             stamp = _stamp(path)
-            if kind in self._stamps and stamp == self._stamps[kind]:
-                continue
+            fresh = kind not in self._stamps or stamp != self._stamps[kind]
             self._stamps[kind] = stamp
-            try:
-                doc = read(self.src)
-            except ArError as e:
-                doc = {"error": str(e)}
+            if kind == "status":
+                if fresh:
+                    self._fold = read_status(self.src)
+                doc = alive(self.src, self._fold)     # asked at every look: a kill -9 changes no file
+            elif fresh:
+                try:
+                    doc = read_results_state(self.src)
+                except ArError as e:
+                    doc = {"error": str(e)}
+            else:
+                continue
+            text = json.dumps(doc, default=str)
+            if kind in self.events and self.events[kind][1] == text:
+                continue
             self.version += 1
-            self.events[kind] = (self.version, json.dumps(doc, default=str))
+            self.events[kind] = (self.version, text)
             changed = True
         return changed
 

@@ -1,5 +1,5 @@
 """The session around the loop: what `ar run` builds (proposer, profile, each choice said in one line after
-the tag's), and what `ar status` reads back from runs/<tag>/status.json.
+the tag's), and what `ar status` reads back: the fold of runs/<tag>/events.jsonl, checked against the lock.
 
 The path of one experiment and the loop around it live in loop.py; this module only sets a loop up and
 reads what it left behind.
@@ -7,14 +7,14 @@ reads what it left behind.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
+from . import events
 from .config import RunConfig
 from .errors import ConfigError
 from .gitops import GitRepo
-from .layout import STATUS, RunsLayout
+from .layout import EVENTS, RESULTS, RunsLayout
 from .ledger import Ledger, Status
 from .lock import read_holder
 from .loop import Event, Loop
@@ -52,16 +52,12 @@ def read_status(repo: str | Path) -> dict:
     holder = read_holder(runs.lock) if runs.lock.exists() else None
     tag = holder.get("tag") if holder else None
     if not tag:
-        docs = sorted(runs.tags_with(STATUS), key=lambda p: p.stat().st_mtime)
+        docs = sorted(runs.tags_with(EVENTS) or runs.tags_with(RESULTS), key=lambda p: p.stat().st_mtime)
         tag = docs[-1].parent.name if docs else None
     out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
     if tag is None:
         return out
-    f = runs.tag(tag).status
-    try:
-        out["status"] = json.loads(f.read_text())
-    except (OSError, ValueError):
-        pass
+    out["status"] = events.against_lock(events.fold(events.read(runs.tag(tag).events)), holder)
     rows = Ledger(runs.tag(tag).dir).rows()
     best = min((r for r in rows if r.status is Status.KEEP and r.val_bpb is not None), key=lambda r: r.val_bpb,
                default=None)

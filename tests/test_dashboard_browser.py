@@ -10,13 +10,14 @@ why, only where no Chromium is installed.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
 
 import pytest
 
+from autoresearch.events import EventLog
+from autoresearch.lock import RepoLock
 from autoresearch.loop import Loop
 from autoresearch.proposers import Proposal
 
@@ -104,16 +105,21 @@ def test_dashboard_in_a_headless_browser(tmp_path):
             if os.environ.get("AR_DASHBOARD_SCREENSHOT"):
                 shutil.copyfile(shot, os.environ["AR_DASHBOARD_SCREENSHOT"])
             assert page.evaluate("window.pwned === undefined") and dialogs == []
-            # several slots (what `ar run --gpus 0,1` writes): one line per slot, pushed like the rest
-            (root / "runs" / "t" / "status.json").write_text(json.dumps({"state": "running", "slots": [
-                {"slot": 0, "label": "gpu0", "experiment": {"id": 6, "kind": "propose", "phase": "training",
-                                                            "description": "wider MLP"},
-                 "step": {"step": 40, "pct": 50.0, "loss": 3.2, "tokens_per_s": 1e5, "mfu": 41.0, "dt_ms": 10,
-                          "remaining_s": 9}},
-                {"slot": 1, "label": "gpu1", "experiment": None, "step": None}]}))
-            expect(page.locator("#slots tbody tr")).to_have_count(2)
-            expect(page.locator("#slots tbody tr").first).to_contain_text("0006 wider MLP")
-            expect(page.locator("#slots tbody tr").nth(1)).to_contain_text("idle")
+            # several slots (the events `ar run --gpus 0,1` writes, under its lock): one line per slot, pushed
+            with RepoLock(root / "runs" / ".ar.lock", tag="t", command="ar run --gpus 0,1"):
+                log = EventLog(root / "runs" / "t" / "events.jsonl")
+                log.session_started(tag="t", branch="autoresearch/t", by_slot=True, slots=[
+                    {"slot": 0, "label": "gpu0", "gpu": 0, "kind": "gpu"},
+                    {"slot": 1, "label": "gpu1", "gpu": 1, "kind": "gpu"}])
+                log.write("experiment_started", exp_id=6, kind="propose", slot=0, description="wider MLP")
+                log.write("phase", exp_id=6, phase="training")
+                log.write("step", exp_id=6, step=40, pct=50.0, loss=3.2, tokens_per_s=1e5, mfu=41.0, dt_ms=10,
+                          remaining_s=9)
+                expect(page.locator("#slots tbody tr")).to_have_count(2)
+                expect(page.locator("#slots tbody tr").first).to_contain_text("0006 wider MLP")
+                expect(page.locator("#slots tbody tr").nth(1)).to_contain_text("idle")
+                expect(page.locator("#state")).to_have_text("running")
+            expect(page.locator("#state")).to_have_text("stopped")      # the lock is free and no stop came: killed
             browser.close()
     finally:
         loop.join(timeout=120)

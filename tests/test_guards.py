@@ -124,14 +124,15 @@ def test_the_shipped_train_py_passes_against_itself():
 
 
 def test_a_derived_views_temporary_file_is_not_the_proposals_change(tmp_path):
-    # The scheduler's thread rewrites status.json (through .status.json.<pid>.<thread>.tmp) while a slot's
-    # proposal runs; seeing that temporary file must not reject the proposal. A proposal's own file still counts.
+    # ar rewrites its views (journal.md through .journal.md.<pid>.<thread>.tmp) and appends to events.jsonl while
+    # a slot's proposal runs; seeing them must not reject the proposal. A proposal's own file still counts.
     tag = tmp_path / "t"
     tag.mkdir()
     (tag / "results.tsv").write_text("x\n")
     before = guards._runs_files(tag)
-    (tag / ".status.json.123.456.tmp").write_text("{}")
-    (tag / "status.json").write_text("{}")
+    (tag / ".journal.md.123.456.tmp").write_text("#")
+    (tag / "journal.md").write_text("#")
+    (tag / "events.jsonl").write_text("{}\n")
     assert guards._runs_files(tag) == before
     (tag / ".results.tsv.1.2.tmp").write_text("forged")
     assert ".results.tsv.1.2.tmp" in guards._runs_files(tag)

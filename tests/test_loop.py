@@ -15,6 +15,7 @@ import pytest
 
 from autoresearch.config import RunConfig
 from autoresearch.errors import GitError
+from autoresearch.events import fold, read as read_events
 from autoresearch.gitops import GitRepo
 from autoresearch.knobs import read_knobs, rewrite
 from autoresearch.ledger import Ledger, Row, Status, read_results
@@ -22,6 +23,7 @@ from autoresearch.loop import Loop
 from autoresearch.proposers.agent import AgentProposer
 from autoresearch.proposers.search import StrategyProposer
 from autoresearch.queue import ExperimentQueue
+from autoresearch.session import read_status
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTS = FIXTURES / "agents"
@@ -110,8 +112,8 @@ def test_strategy_loop_keeps_only_improvements(tmp_path):
     assert rows[0].time_budget == 0.5 and rows[0].seed == 42 and rows[0].num_steps > 5
     kinds = [e.kind for e in events]
     assert "step" in kinds and kinds.count("result") == 4
-    status = json.loads((root / "runs" / "t" / "status.json").read_text())
-    assert status["state"] == "stopped" and status["best"]["val_bpb"] == s.best.val_bpb
+    st = read_status(root)
+    assert st["status"]["state"] == "stopped" and st["best"]["val_bpb"] == s.best.val_bpb
 
 
 def test_dirty_tree_is_refused(tmp_path):
@@ -389,7 +391,7 @@ def write_cfg(tmp_path, **kw) -> Path:
 
 
 def training(root, exp_id):
-    st = json.loads((root / "runs/t/status.json").read_text())
+    st = fold(read_events(root / "runs/t/events.jsonl"))
     x = st.get("experiment") or {}
     return x.get("id") == exp_id and x.get("phase") == "training" and st.get("step")
 

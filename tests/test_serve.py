@@ -15,7 +15,9 @@ from urllib.parse import urlparse
 
 import pytest
 
+from autoresearch.events import EventLog
 from autoresearch.ledger import Ledger, Row, Status
+from autoresearch.lock import RepoLock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +115,7 @@ def test_serve_state_diff_and_live_push(tmp_path, served):
     # read-only: no method but GET; loopback only answers to a loopback Host
     assert s.get("/api/state", method="POST")[0] == 405 and s.get("/", method="DELETE")[0] == 405
     assert s.get("/", headers={"Host": "evil.example:80"})[0] == 403
-    # SSE: the current state first, then a row appended by "the loop" arrives without asking, and status.json
+    # SSE: the current state first, then a row appended by "the loop" arrives without asking, and its events
     stream = s.events()
     first = dict([next(stream), next(stream)])
     assert len(first["results"]["rows"]) == 3 and "rows" not in first["status"]
@@ -122,8 +124,17 @@ def test_serve_state_diff_and_live_push(tmp_path, served):
     kind, doc = next(stream)
     assert kind == "results" and doc["rows"][-1]["exp_id"] == 4 and doc["rows"][-1]["description"].endswith("</b>")
     assert time.monotonic() - t0 < 3
-    (repo / "runs" / "t" / "status.json").write_text(json.dumps({"state": "running", "experiment": {"id": 5}}))
-    assert next(stream) == ("status", {"state": "running", "experiment": {"id": 5}})
+    with RepoLock(repo / "runs" / ".ar.lock", tag="t", command="ar run"):    # held, as by a running loop
+        log = EventLog(repo / "runs" / "t" / "events.jsonl")
+        log.session_started(tag="t", branch="autoresearch/t", by_slot=False, slots=[])
+        log.write("experiment_started", exp_id=5, kind="propose", slot=0, description="wider")
+        log.write("phase", exp_id=5, phase="training")
+        kind, doc = next(stream)
+        while doc["experiment"] is None or doc["experiment"]["phase"] != "training":   # pushed as they come
+            kind, doc = next(stream)
+        assert kind == "status" and doc["state"] == "running" and doc["experiment"]["id"] == 5
+    kind, doc = next(stream)       # the lock is given back without a stop: a kill -9, as the page must see it
+    assert kind == "status" and doc["state"] == "stopped" and doc["experiment"] is None
     assert s.stop() == 130 and "Traceback" not in s.p.stderr.read()       # Ctrl-C: 130, the README's code
 
 

@@ -125,8 +125,8 @@ def run(
 
 @app.command()
 def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
-           as_json: Annotated[bool, typer.Option("--json", help="Print the status document (lock holder, "
-                                                               "status.json, best, counts) as JSON.")] = False) -> None:
+           as_json: Annotated[bool, typer.Option("--json", help="Print the status document (lock holder, the "
+                                                               "session's state, best, counts) as JSON.")] = False) -> None:
     """Who holds the lock, what runs now and how far it is, and the best result so far."""
     st = read_status(repo)
     if as_json:
@@ -146,9 +146,10 @@ def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.p
 
 
 def _holder_line(st: dict) -> str:
-    h = st["holder"]
+    h, why = st["holder"], (st["status"] or {}).get("why")
     if not h:
-        return f"no ar loop is running in {st['repo']}" + (f"; last tag: {st['tag']}" if st["tag"] else "")
+        return f"no ar loop is running in {st['repo']}" + (f"; last tag: {st['tag']}" if st["tag"] else "") + (
+            f", last stop: {why}" if why else "")
     return f"running: pid {h.get('pid')} on {h.get('host')} since {h.get('since')}, tag {h.get('tag')} " \
            f"(`{h.get('command')}`)"
 
@@ -158,7 +159,7 @@ def _experiment_line(st: dict) -> str:
     x, p = s.get("experiment"), s.get("step")
     if not st["running"] or not x:
         return "now: idle"
-    line = f"now: experiment {x['id']:04d} ({x['kind']}, {x['phase']}) {x.get('description') or ''}".rstrip()
+    line = f"now: experiment {x['id']:04d} ({x.get('kind')}, {x['phase']}) {x.get('description') or ''}".rstrip()
     if p and x["phase"] == "training":
         mfu = "?" if p.get("mfu") is None else f"{p['mfu']:.1f}%"
         line += (f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, tok/s {p['tokens_per_s']:,.0f}, "
@@ -176,7 +177,8 @@ def _slot_lines(st: dict) -> list[str]:
         if not x:
             out.append(f"  {where}: idle")
             continue
-        line = f"  {where}: experiment {x['id']:04d} ({x['kind']}, {x['phase']}) {x.get('description') or ''}".rstrip()
+        line = f"  {where}: experiment {x['id']:04d} ({x.get('kind')}, {x['phase']}) {x.get('description') or ''}"
+        line = line.rstrip()
         if p and x["phase"] == "training":
             line += f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, {p['remaining_s']}s left"
         out.append(line)

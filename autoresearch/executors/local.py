@@ -16,7 +16,7 @@ from collections import deque
 
 from .. import faults, guards
 from ..errors import GitError
-from ..gitops import GitRepo
+from ..gitops import GitRepo, short
 from ..harness.env import default_cache
 from ..ledger import Status
 from ..lock import RepoLock, gpu_lock_path
@@ -114,7 +114,7 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int):
     monitor = lp.monitor_factory(x.spec) if lp.monitor_factory and x.spec.kind != "rerun" else None
     stopped_by: list[Status] = []
     x.tail = deque(maxlen=TAIL_LINES)
-    lp.status.exp(ctx, x, "training", budget=budget)
+    lp.events.phase(x, "training", commit=short(x.sha), description=x.description, budget=budget)
 
     def on_line(line: str) -> str | None:
         x.tail.append(line)
@@ -123,7 +123,7 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int):
             return None
         lp.emit(Event("step", spec=x.spec, step=p, time_budget=budget))
         faults.point("train")
-        lp.status.step(ctx, p)
+        lp.events.step(x, p)
         for status, check in ((Status.DEGRADED, watch and watch.feed), (Status.PRUNED, monitor)):
             why = check(p) if check else None
             if why:
@@ -136,6 +136,7 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int):
     guard = guards.watch_run(ctx.git, scratch)
 
     def after_run() -> str | None:
+        lp.events.phase(x, "evaluating")          # training is over; the evaluator scores the checkpoint next
         changed = guards.run_changes(ctx.git, guard, scratch, x.exp_dir.name)
         if changed:  # put .git and the records back before anything reads them
             guards.undo_run_changes(ctx.git, guard, scratch)

@@ -196,7 +196,7 @@ class RayExecutor:
             bundle = ray.put(self._bundle(ctx.git, x.sha, x.spec.id))
         except GitError as e:
             return self._failed(x, f"could not bundle {short(x.sha)}: {e}"), None
-        loop.status.exp(ctx, x, "training", budget=budget)
+        loop.events.phase(x, "training", commit=short(x.sha), description=x.description, budget=budget)
         x.t_run = 0.0
         for attempt in range(1, MAX_LOSSES + 1):
             ref = self._remote.remote(bundle, req, loop.fingerprint.eval_files, loop.allowance)
@@ -234,12 +234,11 @@ class RayExecutor:
         settle.take(loop, x, trial)
         if trial.verdict.holdout_bpb is not None:
             settle.keep_private(loop, x, trial.verdict.holdout_bpb)
-        loop.status.slot(ctx.slot, node=out["node"])
         return trial.outcome.result, None
 
     @staticmethod
     def _follow(loop, ctx, x, gen, budget: float) -> dict:
-        """Read a task's stream: step lines to the live view and status.json, then its final result."""
+        """Read a task's stream: step lines to the live view and the event stream, then its final result."""
         from ..experiment.context import Event
         ray = _ray()
         for ref in gen:
@@ -249,7 +248,7 @@ class RayExecutor:
             p = parse_step(item["step"])
             if p is not None:
                 loop.emit(Event("step", spec=x.spec, step=p, time_budget=budget))
-                loop.status.step(ctx, p, node=item["node"])
+                loop.events.step(x, p, node=item["node"])
         raise RuntimeError("the Ray task ended without a result")
 
     @staticmethod

@@ -72,7 +72,6 @@ class SlotContext:
     env: dict[str, str]
     server: evaluate.Server
     separate: bool                   # a worktree of its own (reset before each experiment)
-    status_at: float = 0.0
 
     @property
     def root(self) -> Path:

@@ -51,7 +51,7 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
         x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
         return _run_committed(lp, ctx, x)
     snap = guards.snapshot(ctx.git, x.parent, ctx.guard_dir(lp.tag))
-    lp.status.exp(ctx, x, "proposing")
+    lp.events.phase(x, "proposing")
     if spec.payload.get("replay"):
         proposal = _replay(ctx, x)
     else:   # built-in proposers one at a time, each seeing the others' points in flight as tried
@@ -63,6 +63,7 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     faults.point("propose")
     if proposal is None:
         return Outcome("skipped")
+    lp.events.phase(x, "committing", description=x.description)     # checks, then the commit
     reason = _integrity_after_proposal(lp) or (                                          # 3
         proposal if isinstance(proposal, str) else _check(lp, ctx, x, snap)) or (
         find_repeat(ctx.git, lp.tag_dir, x.parent, lp.train_file, lp.ledger.rows(),    # research memory

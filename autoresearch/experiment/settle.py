@@ -28,7 +28,7 @@ from .context import Event, Experiment, SlotContext, write_json
 def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | None, budget: float):
     """(failure status or None when the run counts, reason, metrics). Only ar's clock and the trusted
     evaluator's record decide; what the run printed is shown, never believed."""
-    lp.status.exp(ctx, x, "measuring", budget=budget)
+    lp.events.phase(x, "settling")
     m = parse_log_file(result.log_path)
     faults.point("parse")
     out, verdict = x.outcome, x.verdict
@@ -165,11 +165,11 @@ def record(lp, x: Experiment, row: Row) -> Row:
     x.row = row
     lp.queue.done(x.spec.id, row.status.value)
     faults.point("done")
+    lp.events.settled(x, row)
     fire(lp, row)                                                                   # 9
     lp.emit(Event("result", row.reason, spec=x.spec, row=row))
     if x.spec.payload.get("calibrate") and not any(s.payload.get("calibrate") for s in lp.queue.pending()):
         finish_calibration(lp)
-    lp.status.write(experiment=None, step=None)
     return row
 
 

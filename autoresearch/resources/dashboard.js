@@ -14,6 +14,7 @@ function renderHeader() {
   const s = $("state");
   s.textContent = st.state || (state.rows.length ? "finished" : "no status");
   s.className = "pill" + (st.state === "running" ? " running" : "");
+  s.title = st.why || "";
   const j = state.journal;
   const best = j && j.best;
   $("best").textContent = best ? fmt(best.val_bpb) : "–";
