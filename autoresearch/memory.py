@@ -29,6 +29,8 @@ from .layout import RESULTS, RunsLayout, TagLayout
 from .ledger import Row, Status, read_results
 from .experiment.context import write_atomic
 from .repeats import REFUSED, TRIED, recorded_change
+from . import objective
+from .objective import DEFAULT, Objective
 
 IDEA_MAX = 160
 DIGEST_MAX = 2500          # bytes of the digest in the agent's prompt
@@ -247,17 +249,19 @@ def _lesson(e: Entry, row: Row, noise: float) -> str:
 
 
 def build(rows: list[Row], *, tag: str, source: str, noise: float, noise_source: str,
-          tag_dir: Path | None = None, git: GitRepo | None = None) -> Journal:
-    """The journal of rows in ledger order; experiment folders and git (when given) add diffs and strategies."""
+          tag_dir: Path | None = None, git: GitRepo | None = None, objective: Objective = DEFAULT) -> Journal:
+    """The journal of rows in ledger order; experiment folders and git (when given) add diffs and strategies.
+    Deltas are oriented so that negative is better, whichever way the objective goes."""
     paths = TagLayout(Path(tag_dir)) if tag_dir is not None else None
-    j = Journal(tag, source, noise, noise_source)
-    best: float | None = None
+    j = Journal(tag, source, objective.threshold(noise, None), noise_source)
+    base_noise, best = noise, None
     last_strategy: str | None = None
     for i, row in enumerate(rows):
         exp_id = row.exp_id if row.exp_id is not None else i + 1
         diff = _diff_of(paths, git, row) if paths is not None else ""
         change, group = describe_diff(diff) if row.status is not Status.VALIDATION else ("re-run", "re-run")
-        delta = None if row.val_bpb is None or best is None else row.val_bpb - best
+        delta = None if row.val_bpb is None or best is None else objective.sign * (row.val_bpb - best)
+        noise = objective.threshold(base_noise, best)
         e = Entry(exp_id=exp_id, commit=row.commit, status=row.status.value, val_bpb=row.val_bpb,
                   idea=clean_text(row.description) or "(no description)", change=change, outcome="",
                   lesson="", group=group, delta=None if delta is None else round(delta, 6),
@@ -275,7 +279,7 @@ def build(rows: list[Row], *, tag: str, source: str, noise: float, noise_source:
             if e.strategy != last_strategy:
                 j.switches.append(Switch(exp_id, e.strategy, int(doc.get("since_keep") or 0)))
         last_strategy = e.strategy if doc else (None if row.status is Status.KEEP else last_strategy)
-        if row.status is Status.KEEP and row.val_bpb is not None and (best is None or row.val_bpb < best):
+        if row.status is Status.KEEP and row.val_bpb is not None and objective.better(row.val_bpb, best):
             best = row.val_bpb
             j.best = e
         j.entries.append(e)
@@ -305,7 +309,11 @@ def load(tag_dir: Path | None = None, *, results: Path | None = None, repo: Path
     except ArError:
         pass
     tag = folder.name if results is None or (folder / "meta.json").exists() else path.stem
-    return build(rows, tag=tag, source=str(path), noise=threshold, noise_source=where, tag_dir=folder, git=git)
+    obj = objective.load(folder)
+    if obj.noise is not None or obj.noise_share is not None:
+        where = "objective.noise"
+    return build(rows, tag=tag, source=str(path), noise=threshold, noise_source=where, tag_dir=folder, git=git,
+                 objective=obj)
 
 
 def for_repo(repo: Path, tag: str | None = None, results: Path | None = None,

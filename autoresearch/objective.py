@@ -79,8 +79,11 @@ class Objective:
         return f"{self.name} ({self.unit}, {arrow} is better)" if self.unit else f"{self.name} ({arrow} is better)"
 
     def describe(self) -> dict:
-        """What reports and the dashboard show (kept in the tag's meta.json)."""
-        return {"name": self.name, "unit": self.unit, "direction": self.direction}
+        """What reports and the dashboard show, and the journal's threshold (kept in the tag's meta.json)."""
+        out = {"name": self.name, "unit": self.unit, "direction": self.direction}
+        if self.noise_share is not None or self.noise is not None:
+            out.update(noise_share=self.noise_share, noise=self.noise)
+        return out
 
     def extract(self, text: str) -> float | None:
         """The metric from the command's output: the last JSON object line with the key, or the last match of
@@ -203,6 +206,8 @@ def load(tag_dir: Path) -> Objective:
         doc = {}
     if not doc:
         return DEFAULT
+    num = lambda k: float(doc[k]) if isinstance(doc.get(k), (int, float)) else None  # noqa: E731
     return Objective(name=str(doc.get("name", VAL_BPB)), unit=str(doc.get("unit", "")),
-                     direction="max" if doc.get("direction") == "max" else "min")
+                     direction="max" if doc.get("direction") == "max" else "min", noise_share=num("noise_share"),
+                     noise=num("noise"))
 

@@ -107,11 +107,12 @@ def best_row(rows: Sequence, objective: Objective = DEFAULT):
 def objective_of(repo: str | Path, tags: Sequence[str]) -> Objective:
     """What the tags were measured by (their meta.json); tags of different objectives do not mix."""
     runs = RunsLayout(Path(repo))
-    found = {objective.load(runs.tag(t).dir) for t in tags}
+    loaded = [objective.load(runs.tag(t).dir) for t in tags]
+    found = {tuple(o.describe()[k] for k in ("name", "unit", "direction")): o for o in loaded}
     if len(found) > 1:
-        names = ", ".join(sorted(o.name for o in found))
+        names = ", ".join(sorted(o.name for o in found.values()))
         raise ArError(f"the tags were measured by different objectives ({names}); report one with --tag")
-    return found.pop() if found else DEFAULT
+    return loaded[0] if loaded else DEFAULT
 
 
 def run_spec(repo: str | Path, row) -> dict:

@@ -36,6 +36,7 @@ from .gitops import GitRepo
 from .layout import TagLayout
 from .ledger import read_results
 from .lock import read_holder
+from . import objective
 
 RESOURCES = Path(__file__).parent / "resources"
 POLL_S = 0.5
@@ -100,6 +101,7 @@ def read_results_state(src: Source) -> dict:
     """The ledger rows, the best-so-far curve and the journal: all from the records."""
     rows = read_results(src.results, warn=lambda m: None)
     j = memory.load(src.tag_dir, results=None if src.tag_dir else src.results, repo=src.repo, noise=src.noise)
+    obj = objective.load(src.tag_dir) if src.tag_dir else objective.DEFAULT
     out, curve, best = [], [], None
     for i, r in enumerate(rows):
         d = r.to_dict()
@@ -107,11 +109,11 @@ def read_results_state(src: Source) -> dict:
         d["description"] = memory.clean_text(r.description, 300)
         d["reason"] = memory.clean_text(r.reason, 600)
         out.append(d)
-        if r.status.value == "keep" and r.val_bpb is not None and (best is None or r.val_bpb < best):
+        if r.status.value == "keep" and r.val_bpb is not None and obj.better(r.val_bpb, best):
             best = r.val_bpb
         if r.val_bpb is not None:
             curve.append({"exp_id": d["exp_id"], "val_bpb": r.val_bpb, "best": best, "status": r.status.value})
-    return {"rows": out, "curve": curve, "journal": j.to_dict()}
+    return {"rows": out, "curve": curve, "journal": j.to_dict(), "objective": obj.describe()}
 
 
 def read_diff(src: Source, exp_id: int) -> str:

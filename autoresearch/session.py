@@ -18,6 +18,7 @@ from .layout import EVENTS, RESULTS, RunsLayout
 from .ledger import Ledger, Status
 from .lock import read_holder
 from .loop import Event, Loop
+from . import objective
 from .objective import shown
 
 
@@ -58,10 +59,11 @@ def read_status(repo: str | Path) -> dict:
     if tag is None:
         return out
     out["status"] = events.against_lock(events.fold(events.read(runs.tag(tag).events)), holder)
-    rows = Ledger(runs.tag(tag).dir).rows()
-    best = min((r for r in rows if r.status is Status.KEEP and r.val_bpb is not None), key=lambda r: r.val_bpb,
-               default=None)
+    obj = objective.load(runs.tag(tag).dir)
+    rows = Ledger(runs.tag(tag).dir, sign=obj.sign).rows()
+    best = obj.best([r for r in rows if r.status is Status.KEEP])
     out["best"] = best.to_dict() if best else None
+    out["objective"] = obj.describe()
     for r in rows:
         out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
     out["running"] = holder is not None

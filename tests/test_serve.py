@@ -179,3 +179,22 @@ def test_serve_errors_are_one_line(tmp_path):
         busy.listen(1)
         code, err = run("--repo", str(repo), "--port", str(busy.getsockname()[1]))
         assert code == 2 and "pick another --port" in err
+
+
+def test_the_dashboard_state_names_the_objective_and_follows_its_direction(tmp_path):
+    # A tag measured by a score to maximise: the best is the highest kept, deltas say higher is better.
+    from autoresearch.serve import read_results_state, source_for
+    repo = tmp_path / "repo"
+    (repo / "runs" / "t").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "runs" / "t" / "meta.json").write_text(json.dumps(
+        {"tag": "t", "objective": {"name": "score", "unit": "pts", "direction": "max", "noise": 0.5}}))
+    ledger = Ledger(repo / "runs" / "t", sign=-1)
+    for i, (v, st) in enumerate([(10.0, "keep"), (30.0, "keep"), (29.8, "discard"), (5.0, "discard")], 1):
+        add(ledger, i, v, st, f"change {i}")
+    doc = read_results_state(source_for(repo, "t", None))
+    assert doc["objective"] == {"name": "score", "unit": "pts", "direction": "max", "noise_share": None, "noise": 0.5}
+    assert [p["best"] for p in doc["curve"]] == [10.0, 30.0, 30.0, 30.0]
+    entries = {e["exp_id"]: e for e in doc["journal"]["entries"]}
+    assert doc["journal"]["best"]["exp_id"] == 2
+    assert entries[3]["near_miss"] and entries[4]["dead_end"]      # 0.2 below the best: within the noise 0.5

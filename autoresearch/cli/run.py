@@ -140,7 +140,8 @@ def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.p
             console.print(line, highlight=False)
         b = st["best"]
         counts = ", ".join(f"{n} {k}" for k, n in sorted(st["counts"].items())) or "no results yet"
-        console.print(f"best: {_bpb(b['val_bpb'])} val_bpb at {b['commit']} ({b['description']})" if b else
+        metric = (st.get("objective") or {}).get("name", "val_bpb")
+        console.print(f"best: {_bpb(b['val_bpb'])} {metric} at {b['commit']} ({b['description']})" if b else
                       "best: none yet", highlight=False)
         console.print(f"results: {counts} (runs/{st['tag']}/results.tsv)", highlight=False)
 

@@ -17,7 +17,13 @@ function renderHeader() {
   s.title = st.why || "";
   const j = state.journal;
   const best = j && j.best;
-  $("best").textContent = best ? fmt(best.val_bpb) : "–";
+  const o = state.objective || { name: "val_bpb", unit: "", direction: "min" };
+  const better = o.direction === "max" ? "higher" : "lower";
+  $("metric").textContent = o.name;
+  $("metric").title = `${o.name}${o.unit ? " in " + o.unit : ""}: ${better} is better`;
+  $("metric-col").textContent = o.name;
+  $("curve").setAttribute("aria-label", `${o.name} per experiment and the best so far (${better} is better)`);
+  $("best").textContent = best ? fmt(best.val_bpb) + (o.unit && o.name !== "val_bpb" ? " " + o.unit : "") : "–";
   $("best-at").textContent = best ? `(${exp4(best.exp_id)} ${best.commit})` : "";
   const counts = {};
   for (const r of state.rows) counts[r.status] = (counts[r.status] || 0) + 1;
@@ -150,7 +156,8 @@ function apply(kind, doc) {
   if (kind === "status") { state.status = doc; }
   else {
     if (seen) for (const r of doc.rows || []) if (!seen.has(r.exp_id)) fresh.add(r.exp_id);
-    Object.assign(state, { rows: doc.rows || [], curve: doc.curve || [], journal: doc.journal || null });
+    Object.assign(state, { rows: doc.rows || [], curve: doc.curve || [], journal: doc.journal || null,
+                           objective: doc.objective || state.objective });
     seen = new Set(state.rows.map((r) => r.exp_id));
   }
   renderHeader(); renderNow();
