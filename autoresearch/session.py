@@ -1,25 +1,488 @@
-"""The session around the loop: what `ar run` builds (proposer, profile, each choice said in one line after
-the tag's), and what `ar status` reads back: the fold of runs/<tag>/events.jsonl, checked against the lock.
+"""The session: one tag's loop — lock, branch, baseline, noise calibration, queue, ledger — and the start of
+each experiment. The scheduler (scheduler.py) drives the experiments; each one's path is a step per file:
 
-The path of one experiment and the loop around it live in loop.py; this module only sets a loop up and
-reads what it left behind.
+ 1. start: take the next spec from the queue; mark it started                         (Loop.start, here)
+ 2-4. propose, check, commit in the slot's tree                                        (experiment/prepare.py)
+ 5. the executor trains in a fresh sandboxed workspace on ar's clock; the trusted evaluator scores the
+    checkpoint                                                          (executors/, experiment/trial.py)
+ 6-9. classify, decide, reset, record, hooks                                           (experiment/settle.py)
+
+Resume (`Loop.open`): a spec started without a ledger row is run again; a ledger row whose spec is not
+marked done is marked done (its hooks fired if they were not), never run again. The working tree and the
+branch go back to the best kept commit; refs of half-made experiment commits are removed.
+
+Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
+"time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
+"rerun" ({"commit": sha, "seed": int, "time_budget": s|None}: the same commit with another seed, recorded
+as `validation`, never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
+`with Loop(...)`, then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a
+run as `pruned`.
+
+`build` (at the end) is what `ar run` makes of its config: the proposer, the profile, each default said in one
+line. What `ar status` reads back is in status.py.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import signal
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import events
+from . import faults
 from .config import RunConfig
-from .errors import ConfigError
-from .gitops import GitRepo
-from .layout import EVENTS, RESULTS, RunsLayout
-from .ledger import Ledger, Status
-from .lock import read_holder
-from .loop import Event, Loop
-from . import objective
+from .errors import ConfigError, DataError
+from .events import EventLog, slot_fields
+from .gitops import GitRepo, branch_name, check_tag, default_tag, short
+from .harness import sandbox
+from .harness import data
+from .harness.data import check_prepared
+from .harness.env import default_cache, resolve_profile
+from .hooks import Hooks
+from .integrity import Fingerprint, no_bytecode
+from .knobs import read_knobs
+from .layout import RunsLayout
+from .ledger import Ledger, Row, Status, now_iso, read_results
+from .lock import RepoLock
+from .metrics import StepPoint
 from .objective import shown
+from .proposers import Proposer
+from .queue import ExperimentQueue, Spec
+from .request import RunRequest
+from .executors import Slot
+from .executors.local import InlineExecutor
+from .experiment import evaluate, settle
+from .experiment.context import Event, Experiment, SlotContext, write_json
+from .scheduler import Scheduler, file_error, make_executor, session_id
+
+Monitor = Callable[[StepPoint], "str | None"]
+MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
+__all__ = ["Event", "Loop", "Summary"]
+
+
+@dataclass
+class Summary:
+    tag: str
+    branch: str
+    experiments: int            # run by this invocation
+    kept: int
+    best: Row | None
+    stop_reason: str
+    results: Path
+    counts: dict[str, int] = field(default_factory=dict)
+    failed: bool = False        # stopped by failures (baseline, --max-consecutive-crashes), not by a limit
+    interrupted: bool = False
+    objective: str = "val_bpb"  # what the best's value is
+
+
+class Loop:
+    def __init__(self, cfg: RunConfig, repo: str | Path, tag: str | None = None, proposer: Proposer | None = None,
+                 *, on_event: Callable[[Event], None] | None = None, monitor_factory: Callable[[Spec], Monitor] |
+                 None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run", executor=None):
+        self.cfg, self.proposer, self.monitor_factory = cfg, proposer, monitor_factory
+        self.executor = executor or make_executor(cfg)
+        self.git = GitRepo(repo)
+        self.root = self.git.root
+        self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
+        self.emit = on_event or (lambda e: None)
+        if cfg.noise is not None or cfg.objective.noise is not None or cfg.objective.noise_share is not None:
+            # a configured threshold is the user's call: nothing to calibrate
+            calibrate_noise = 0
+        self.baseline, self.calibrate_noise, self.command = baseline, calibrate_noise, command
+        if calibrate_noise == 1:
+            raise ConfigError("--calibrate-noise K needs K >= 2 runs of the baseline to measure a spread")
+        self.profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
+        self.eval_tokens = cfg.eval_tokens or self.profile.eval_tokens
+        self.tag, note = self._pick_tag(tag)
+        self.branch = branch_name(self.tag)
+        self.paths = RunsLayout(self.root).tag(self.tag)
+        self.tag_dir = self.paths.dir
+        self.say(note)
+        self._lock = RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
+        self._open = False
+        self.peak_warned: set[str] = set()
+        self.events = EventLog(self.paths.events)
+        self.halted: str | None = None  # the harness or data changed under a run: no further run can count
+        self._contexts: dict[int, SlotContext] = {}   # slot index -> its tree, environment and evaluator
+        self.flying: dict[int, tuple[dict, str]] = {}  # spec id -> (knobs, description) of proposals in flight
+        self.stopping = threading.Event()              # Ctrl-C: a slot starts no run after this
+        self.propose_lock = threading.Lock()
+        self.hook_lock = threading.Lock()
+
+    # ----------------------------------------------------------------------------------- open / close
+    def say(self, message: str, kind: str = "info") -> None:
+        self.emit(Event(kind, message))
+
+    def __enter__(self) -> "Loop":
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Take the lock, check out the branch, reconcile queue and ledger, restore the best commit."""
+        if self._open:
+            return
+        self.git.ensure_commits()
+        self._lock.acquire()
+        try:
+            self._open_locked()
+        except OSError as e:
+            self._lock.release()
+            raise file_error(e) from e
+        except BaseException:
+            self._lock.release()
+            raise
+        try:
+            self.executor.open(self)
+            if self.cfg.confirm_new_best and len(self.slots) > 1:
+                raise ConfigError("confirm_new_best is not available with several slots yet; set it to false or "
+                                  "run on one slot")
+        except BaseException:
+            self.executor.close()
+            self._lock.release()
+            raise
+        self._open = True
+        self.events.session_started(tag=self.tag, branch=self.branch, profile=self.profile.name, by_slot=self.multi,
+                                    slots=[slot_fields(s) for s in self.slots], budget=self.budget(None),
+                                    noise=self.noise)
+        if self.multi:
+            self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
+                     f"{self.executor.name} executor; a win on a stale parent is "
+                     f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}")
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.executor.slots
+
+    @property
+    def multi(self) -> bool:
+        """Whether the views show slots (several, or a separate worktree) rather than one experiment."""
+        return not isinstance(self.executor, InlineExecutor)
+
+    def close(self) -> None:
+        for ctx in self._contexts.values():
+            ctx.server.close()
+        self._contexts.clear()
+        if self._open:
+            self.executor.close()
+            self.events.session_stopped()
+            self._lock.release()
+            self._open = False
+
+    def _open_locked(self) -> None:
+        self._trust()
+        self.git.ensure_ignored()
+        self.tag_dir.mkdir(parents=True, exist_ok=True)
+        warn = lambda m: self.say(m, "warn")  # noqa: E731
+        self.ledger = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
+        self.queue = ExperimentQueue(self.paths.queue, warn=warn)
+        self.hooks = Hooks(self.cfg.hooks, self.paths.hooks, timeout=self.cfg.hook_timeout,
+                           cwd=self.root, log=warn)
+        rows = self.ledger.rows()
+        recorded = {r.exp_id: r for r in rows if r.exp_id is not None}
+        in_flight = [s for s in self.queue.pending() if self.queue.is_started(s.id) and s.id not in recorded]
+        self._prepare_tree(resume=bool(in_flight))
+        faults.point("resume")
+        for spec in self.queue.pending():           # a row whose spec is not marked done: mark it, fire its hooks
+            if spec.id in recorded:
+                self.queue.done(spec.id, recorded[spec.id].status.value)
+                settle.fire(self, recorded[spec.id])
+        if rows and rows[-1].exp_id is not None:     # hooks of the last row, if ar died before firing them
+            settle.fire(self, rows[-1])
+        self.best_sha = self._restore_best()
+        for spec in in_flight:
+            self.say(f"experiment {spec.id:04d} ({spec.kind}) was cut short by a stop of ar; it runs again")
+        if self.baseline and self.ledger.best_kept() is None and not any(
+                s.kind == "baseline" for s in self.queue.pending()):
+            self.queue.add("baseline", {})
+        self._enqueue_calibration()
+        self.noise, source = self.cfg.noise_threshold(self.tag_dir)
+        if self.calibrate_noise >= 2 and not self.paths.noise.exists():
+            source = f"{source} until the calibration measures the baseline's spread"
+        obj = self.cfg.objective
+        if obj.noise_share is not None:
+            self.say(f"keep threshold {obj.noise_share:.1%} of the best {obj.name} (objective.noise)")
+        else:
+            noise, source = (obj.noise, "objective.noise") if obj.noise is not None else (self.noise, source)
+            self.say(f"keep threshold {noise:g} {obj.name} ({source})")
+
+    def _ensure_data(self) -> None:
+        """Prepare `builtin` when it is missing (under the lock: a second `ar run` beside a running one is
+        refused at once, not after minutes of preparing data it cannot use)."""
+        if not self.cfg.prepare_data:
+            return
+        try:
+            data.check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
+        except DataError:
+            if self.cfg.dataset != "builtin":
+                raise
+            self.say(f"no prepared data: preparing the builtin corpus for vocab {self.profile.vocab_size} in "
+                     f"{default_cache()} (once)")
+            data.prepare("builtin", cache=default_cache(), vocab_size=self.profile.vocab_size, progress=self.say)
+
+    def _trust(self) -> None:
+        """The session's trust anchors: the prepared data, the package and data fingerprint, the sandbox."""
+        custom = self.cfg.objective.custom          # a command objective reads no prepared data
+        if not custom:
+            self._ensure_data()
+        no_bytecode()   # from here on only something foreign changes the installed package's files
+        self.tok_dir = None if custom else check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
+        if not getattr(self, "fingerprint", None):
+            self.fingerprint = Fingerprint.take(self.tok_dir)
+        ok, why = sandbox.available()
+        if not ok and self.cfg.sandbox:
+            raise ConfigError(f"cannot sandbox proposal code: {why}; fix that, or pass --unsandboxed to run without "
+                              "it (every result of the tag is then marked unsandboxed)")
+        self.sandboxed = ok and self.cfg.sandbox
+        if not self.sandboxed:
+            self.say(f"proposal code runs WITHOUT the sandbox ({why if not ok else '--unsandboxed'}); every result "
+                     "of this session is marked unsandboxed", "warn")
+        self.allowance = self.cfg.startup_allowance   # tightened once the baseline's startup is measured
+
+    def _prepare_tree(self, resume: bool) -> None:
+        """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""
+        on_branch = self.git.current_branch() == self.branch
+        if resume and on_branch:
+            if self.git.clear_stale_index_lock():
+                self.say("removed a stale .git/index.lock left by the stopped run", "warn")
+            if self.git.dirty_paths():
+                self.say("discarding the half-made change of the cut-short experiment", "warn")
+        else:
+            self.git.ensure_clean()
+        created = self.git.checkout_branch(self.tag)
+        meta = self.paths.meta
+        settings = self._comparable()
+        if created or not meta.exists():
+            head = self.git.head_sha()
+            write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso(),
+                               "settings": settings, "objective": self.cfg.objective.describe()})
+            self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
+                     f"in runs/{self.tag}/")
+        else:
+            self._refuse_incomparable(self.tag)   # checked at start, again under the lock
+        self.base_sha = json.loads(meta.read_text())["base"]
+        self._adopt_fix(meta)
+
+    def _comparable(self) -> dict:
+        """What must stay the same for a tag's results to compare (a sweep varies the budget itself)."""
+        out = {"time_budget": self.budget(None), "dataset": self.cfg.dataset, "profile": self.profile.name,
+               "eval_tokens": self.eval_tokens}
+        if self.command.startswith("ar sweep"):
+            del out["time_budget"]
+        if self.cfg.objective.custom:   # results of another objective do not compare (val_bpb tags stay as they were)
+            out["objective"] = self.cfg.objective.name
+        return out
+
+    def _differs(self, tag: str) -> tuple[str, str] | None:
+        """(how, which setting) this run's settings differ from those tag was started with; None: they match,
+        or the tag is new."""
+        try:
+            was = json.loads(RunsLayout(self.root).tag(tag).meta.read_text()).get("settings") or {}
+        except (OSError, ValueError):
+            return None
+        for key, now in self._comparable().items():
+            if was.get(key, now) != now:
+                return f"tag {tag} was run with {key} {was[key]}, this run asks for {now}", key
+        return None
+
+    def _refuse_incomparable(self, tag: str) -> None:
+        differs = self._differs(tag)
+        if differs:
+            raise ConfigError(f"{differs[0]}: their results are not comparable; pick a new tag (--tag) or the "
+                              f"same {differs[1]}")
+
+    def _pick_tag(self, asked: str | None) -> tuple[str, str]:
+        """The tag, and the first line to say about it. Asked for by name: that tag (refused here, before any
+        data or lock, when its results would not compare). By default: today's, or the first of today-2,
+        today-3, ... whose settings match, so that a rerun with another budget or dataset starts afresh
+        instead of mixing results that do not compare."""
+        if asked:
+            self._refuse_incomparable(check_tag(asked))
+            return asked, self._tag_line(asked, "")
+        today = default_tag()
+        differs = self._differs(today)
+        if differs is None:
+            return today, self._tag_line(today, "")
+        for i in range(2, 1000):
+            tag = f"{today}-{i}"
+            if self._differs(tag) is None:
+                return tag, self._tag_line(tag, f" ({differs[0]}: a fresh tag)")
+        raise ConfigError(f"999 tags of today ({today}-N) were run with other settings; pass --tag")
+
+    def _tag_line(self, tag: str, why_new: str) -> str:
+        paths = RunsLayout(self.root).tag(tag)
+        n = len(read_results(paths.results, warn=lambda m: None)) if paths.results.exists() else 0
+        if n or paths.meta.exists():
+            return f"resuming tag {tag} ({n} result{'s' * (n != 1)}; branch {branch_name(tag)})"
+        return f"new tag {tag}{why_new}: branch {branch_name(tag)}, results in runs/{tag}/"
+
+    def _adopt_fix(self, meta: Path) -> None:
+        """Nothing kept yet (a crashed baseline, say) and the user committed a fix on the branch: start from it
+        rather than reset it away."""
+        if self.ledger.best_kept() is not None or self.git.dirty_paths():
+            return
+        head = self.git.head_sha()
+        if head == self.base_sha or "\nar: tag " in self.git.repo.commit(head).message:
+            return
+        doc = json.loads(meta.read_text())
+        write_json(meta, {**doc, "base": head, "previous_base": self.base_sha})
+        self.say(f"no result was kept yet: starting from your current HEAD {short(head)} "
+                 f"(not {short(self.base_sha)})")
+        self.base_sha = head
+
+    def _restore_best(self) -> str:
+        """Reset the branch and tree to the best kept commit; drop refs of experiments without a row."""
+        best = self.ledger.best_kept()
+        sha = self.git.resolve(best.commit) if best else self.base_sha
+        if self.git.head_sha() != sha or self.git.dirty_paths():
+            self.git.reset_hard(sha)
+            self.say(f"train.py restored to the best kept commit {short(sha)}")
+        recorded = {r.exp_id for r in self.ledger.rows()}
+        for exp_id in self.git.exp_refs(self.tag):
+            if exp_id not in recorded:
+                self.git.delete_ref(self.tag, exp_id)
+        return sha
+
+    def _enqueue_calibration(self) -> None:
+        k = self.calibrate_noise
+        if k < 2:
+            return
+        have = len(self.base_values())
+        queued = [s for s in self.queue.pending() if s.payload.get("calibrate")]
+        baseline_pending = any(s.kind == "baseline" for s in self.queue.pending())
+        missing = max(0, k - have - len(queued) - int(baseline_pending))
+        for i in range(missing):
+            self.queue.add("rerun", {"commit": self.base_sha, "seed": self.cfg.seed + have + i + 1,
+                                     "calibrate": True, "description": "noise calibration: baseline again"})
+        if missing or queued or baseline_pending:
+            self.say(f"noise calibration: {k} runs of the baseline ({have} done, {missing + len(queued)} queued)")
+        elif not self.paths.noise.exists():  # ar stopped between the last run and writing the file
+            settle.finish_calibration(self)
+
+    def base_values(self) -> list[float]:
+        return [r.val_bpb for r in self.ledger.rows() if r.commit == short(self.base_sha) and r.val_bpb is not None
+                and r.status in (Status.KEEP, Status.DISCARD, Status.VALIDATION)]
+
+    # ------------------------------------------------------------------------------------------ queue
+    def enqueue_knobs(self, knobs: dict, *, time_budget: float | None = None, seed: int | None = None,
+                      description: str = "", sweep: dict | None = None) -> Spec:
+        """Queue a knob edit (checked against train.py's knobs now). Call inside `with loop:`. `sweep`: a sweep
+        point's identity, recorded in the row's `sweep` column."""
+        assert self._open, "enqueue inside `with Loop(...)` so the queue is written under the lock"
+        known = read_knobs(self.root / self.train_file)
+        unknown = sorted(set(knobs) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown knob {unknown[0]} in {self.train_file}; its knobs: {', '.join(known)}")
+        return self.queue.add("knobs", {"knobs": dict(knobs), "time_budget": time_budget, "seed": seed,
+                                        "description": description, **({"sweep": sweep} if sweep else {})})
+
+    def enqueue_rerun(self, commit: str, seed: int, description: str = "") -> Spec:
+        assert self._open, "enqueue inside `with Loop(...)`"
+        return self.queue.add("rerun", {"commit": self.git.resolve(commit), "seed": seed, "description": description})
+
+    # -------------------------------------------------------------------------------------------- run
+    def run(self, max_experiments: int | None = None, max_hours: float | None = None) -> Summary:
+        """Run specs (proposing new ones when the queue is empty and there is a proposer) until a limit."""
+        opened_here = not self._open
+        self.open()
+        session = session_id()
+        old_term = _sigterm_as_interrupt()
+        sched = Scheduler(self, max_experiments, max_hours)
+        stop, failed, interrupted = "", False, False
+        try:
+            stop, failed, interrupted = sched.run()
+        finally:
+            _restore_sigterm(old_term)
+            self._wind_up(session, stop, sched.n, sched.kept, opened_here)
+        return self._summary(sched.n, sched.kept, stop, failed, interrupted)
+
+    def _wind_up(self, session: str, stop: str, n: int, kept: int, opened_here: bool) -> None:
+        """Say why the loop stopped, fire loop_finished once, and release the repo if this call opened it."""
+        if stop:
+            self.say(f"stopped: {stop}")
+            self.events.stopping(stop)
+            best = self.ledger.best_kept()
+            self.hooks.fire("loop_finished", session, {"tag": self.tag, "experiments": n, "kept": kept,
+                                                       "stop_reason": stop,
+                                                       **({"best": best.to_dict()} if best else {})})
+        if opened_here:
+            self.close()
+
+    def _summary(self, n: int, kept: int, stop: str, failed: bool, interrupted: bool) -> "Summary":
+        counts: dict[str, int] = {}
+        for r in self.ledger.rows():
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        return Summary(self.tag, self.branch, n, kept, self.ledger.best_kept(), stop, self.ledger.path, counts,
+                       failed, interrupted, self.cfg.objective.name)
+
+    # ------------------------------------------------------------------- the path of one experiment
+    def start(self, spec: Spec) -> Experiment:
+        """Step 1 (here): mark the spec started, or record it when it keeps taking ar down with it."""
+        for d in self.tag_dir.glob(f"{spec.id:04d}-*"):
+            shutil.rmtree(d, ignore_errors=True)
+        x = Experiment(spec, parent=self.best_sha, started_at=now_iso(), stage=self.ledger.exp_dir(spec.id, ""))
+        if self.queue.starts(spec.id) >= MAX_STARTS:
+            x.description = spec.payload.get("description") or spec.kind
+            why = f"ar stopped during this experiment {MAX_STARTS} times; not run again"
+            settle.record_as(self, x, Status.INTERRUPTED, reason=why)
+            return x
+        self.queue.start(spec.id)
+        faults.point("start")
+        self.emit(Event("start", spec.payload.get("description") or "", spec=spec))
+        return x
+
+    def slot_context(self, slot: Slot) -> SlotContext:
+        """Where slot `slot` works: its tree (the repo itself for the inline executor), environment, evaluator."""
+        ctx = self._contexts.get(slot.index)
+        if ctx is None:
+            git = self.executor.worktree(self, slot)
+            server = evaluate.Server(self.paths.evaluator_log(slot.index), slot.env)
+            ctx = SlotContext(slot, git, dict(slot.env), server, separate=git is not self.git)
+            self._contexts[slot.index] = ctx
+        return ctx
+
+    def request(self, ctx: SlotContext, x: Experiment, budget: float, seed: int) -> RunRequest:
+        """Everything this experiment's run needs, in one place (every executor's train starts here)."""
+        holdout = self.cfg.holdout_tokens if self.cfg.holdout_tokens is not None else self.eval_tokens // 8
+        return RunRequest(
+            tag=self.tag, exp_id=x.spec.id, commit=x.sha, time_budget=budget, seed=seed, profile=self.profile,
+            dataset=self.cfg.dataset, cache=default_cache(), tok_dir=self.tok_dir,
+            train_command=tuple(self.cfg.train_command), train_file=self.train_file, eval_tokens=self.eval_tokens,
+            holdout_tokens=holdout, startup_allowance=self.cfg.startup_allowance,
+            eval_allowance=self.cfg.eval_allowance,
+            untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
+                10 if self.profile.name == "gpu" else 2),
+            max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
+            objective=self.cfg.objective)
+
+    # --------------------------------------------------------------------------------------- helpers
+    def budget(self, spec_budget: float | None) -> float:
+        return float(spec_budget or self.cfg.time_budget or self.profile.time_budget)
+
+    def exp_dir_of(self, row: Row) -> Path:
+        return self.paths.exp_dir(row.exp_id, row.commit)
+
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM stops the loop like Ctrl-C (recorded as `interrupted`); only from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(old) -> None:
+    if old is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, old)
 
 
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
@@ -44,27 +507,3 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
         what = "a CUDA GPU" if loop.profile.name == "gpu" else "no CUDA GPU"
         say(f"{what}: {loop.profile.name} profile ({loop.budget(None):g}s budget, {loop.eval_tokens} eval tokens)")
     return loop
-
-
-def read_status(repo: str | Path) -> dict:
-    """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far."""
-    root = GitRepo(repo).root
-    runs = RunsLayout(root)
-    holder = read_holder(runs.lock) if runs.lock.exists() else None
-    tag = holder.get("tag") if holder else None
-    if not tag:
-        docs = sorted(runs.tags_with(EVENTS) or runs.tags_with(RESULTS), key=lambda p: p.stat().st_mtime)
-        tag = docs[-1].parent.name if docs else None
-    out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
-    if tag is None:
-        return out
-    out["status"] = events.against_lock(events.fold(events.read(runs.tag(tag).events)), holder)
-    obj = objective.load(runs.tag(tag).dir)
-    rows = Ledger(runs.tag(tag).dir, sign=obj.sign).rows()
-    best = obj.best([r for r in rows if r.status is Status.KEEP])
-    out["best"] = best.to_dict() if best else None
-    out["objective"] = obj.describe()
-    for r in rows:
-        out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
-    out["running"] = holder is not None
-    return out

@@ -214,7 +214,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     run first and nothing is queued twice. Then --validate-top re-runs the best K points with other seeds."""
     from . import config
     from .gitops import GitRepo, branch_name
-    from .loop import Event, Loop
+    from .session import Event, Loop
 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
     cfg = config.replace(cfg, profile=p.profile)

@@ -16,7 +16,7 @@ from autoresearch.config import load_config
 from autoresearch.cost import Usage, UsageReader, spent, summary
 from autoresearch.errors import ConfigError
 from autoresearch.ledger import COLUMNS, HEADER, Ledger, Row, Status, read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.proposers.agent import AgentProposer, command_for
 
 from test_loop import AGENTS, assert_consistent, cfg, make_repo

@@ -18,7 +18,7 @@ import pytest
 
 from autoresearch.events import EventLog
 from autoresearch.lock import RepoLock
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.proposers import Proposal
 
 from test_loop import _isolated, cfg, make_repo  # noqa: F401  (autouse fixture)

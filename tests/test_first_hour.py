@@ -18,7 +18,7 @@ from autoresearch.errors import ConfigError
 from autoresearch.gitops import GitRepo
 from autoresearch.knobs import set_knobs
 from autoresearch.ledger import Status, read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.workspace import packaged_resources
 
 from test_loop import cfg, make_repo

@@ -19,11 +19,11 @@ from autoresearch.events import fold, read as read_events
 from autoresearch.gitops import GitRepo
 from autoresearch.knobs import read_knobs, rewrite
 from autoresearch.ledger import Ledger, Row, Status, read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.proposers.agent import AgentProposer
 from autoresearch.proposers.search import StrategyProposer
 from autoresearch.queue import ExperimentQueue
-from autoresearch.session import read_status
+from autoresearch.status import read_status
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTS = FIXTURES / "agents"

@@ -16,7 +16,7 @@ from autoresearch import memory
 from autoresearch.cli import app
 from autoresearch.gitops import GitRepo
 from autoresearch.ledger import Ledger, Row, Status
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.proposers.agent import AgentProposer
 from autoresearch.repeats import REFUSED, change_fingerprint, find_repeat, normalise_line, program_fingerprint
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from autoresearch.cli import app
 from autoresearch.ledger import read_results
-from autoresearch.session import read_status
-from autoresearch.loop import Loop as ParallelLoop
+from autoresearch.status import read_status
+from autoresearch.session import Loop as ParallelLoop
 
 from test_loop import assert_consistent, cfg, make_repo
 

@@ -16,7 +16,7 @@ import pytest
 from autoresearch.errors import ConfigError
 from autoresearch.harness import sandbox
 from autoresearch.ledger import read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 
 from test_loop import cfg, make_repo
 
@@ -92,7 +92,7 @@ def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
 
 
 def test_no_sandbox_refuses_in_one_line_and_unsandboxed_marks_every_result(tmp_path, monkeypatch, prepared_cache):
-    import autoresearch.loop as loop_mod
+    import autoresearch.session as loop_mod
     monkeypatch.setattr(loop_mod.sandbox, "available", lambda: (False, "this kernel has no Landlock"))
     root = make_repo(tmp_path)
     with pytest.raises(ConfigError, match="no Landlock.*--unsandboxed"):

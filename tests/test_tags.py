@@ -9,7 +9,7 @@ import sys
 import time
 
 from autoresearch.gitops import default_tag
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 
 from test_first_hour import holding_the_lock
 from test_loop import cfg, make_repo

@@ -14,8 +14,9 @@ from rich.text import Text
 from ..config import load_config
 from ..harness.gpus import check_override as check_gpu_table
 from ..ledger import Row, Status
-from ..loop import Event, Summary
-from ..session import build, read_status
+from ..session import Event, Summary
+from ..session import build
+from ..status import read_status
 from . import app, console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",

@@ -16,7 +16,7 @@ import pytest
 
 from autoresearch.config import load_config
 from autoresearch.ledger import read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.queue import ExperimentQueue
 
 from .helpers import History, agent_cmd, ar_proc, audit, fork_ar, hook_firings, make_repo, write_cfg

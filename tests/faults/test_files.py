@@ -15,7 +15,7 @@ import autoresearch.ledger as ledger_mod
 from autoresearch.config import load_config
 from autoresearch.errors import ArError
 from autoresearch.ledger import read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.queue import ExperimentQueue
 
 from .helpers import History, agent_cmd, audit, fork_ar, make_repo, write_cfg

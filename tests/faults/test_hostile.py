@@ -17,7 +17,7 @@ import pytest
 from autoresearch.config import RunConfig
 from autoresearch.harness import sandbox
 from autoresearch.ledger import Status, read_results
-from autoresearch.loop import Loop
+from autoresearch.session import Loop
 from autoresearch.proposers.agent import AgentProposer
 
 from .helpers import own_copies

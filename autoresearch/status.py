@@ -1,0 +1,36 @@
+"""What `ar status` reads back: the lock holder, the fold of runs/<tag>/events.jsonl checked against the lock,
+the best kept result by the tag's objective, and the counts of results.tsv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import events, objective
+from .gitops import GitRepo
+from .layout import EVENTS, RESULTS, RunsLayout
+from .ledger import Ledger, Status
+from .lock import read_holder
+
+
+def read_status(repo: str | Path) -> dict:
+    """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far."""
+    root = GitRepo(repo).root
+    runs = RunsLayout(root)
+    holder = read_holder(runs.lock) if runs.lock.exists() else None
+    tag = holder.get("tag") if holder else None
+    if not tag:
+        docs = sorted(runs.tags_with(EVENTS) or runs.tags_with(RESULTS), key=lambda p: p.stat().st_mtime)
+        tag = docs[-1].parent.name if docs else None
+    out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
+    if tag is None:
+        return out
+    out["status"] = events.against_lock(events.fold(events.read(runs.tag(tag).events)), holder)
+    obj = objective.load(runs.tag(tag).dir)
+    rows = Ledger(runs.tag(tag).dir, sign=obj.sign).rows()
+    best = obj.best([r for r in rows if r.status is Status.KEEP])
+    out["best"] = best.to_dict() if best else None
+    out["objective"] = obj.describe()
+    for r in rows:
+        out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
+    out["running"] = holder is not None
+    return out
