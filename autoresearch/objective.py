@@ -12,10 +12,15 @@ an optional **correctness gate**, a command that must pass before the metric cou
       gate: python check.py           # optional: exit 0 means the candidate is correct
       timeout: 300                    # seconds for gate + command together
       noise: 3%                       # keep only past this: a share of the best, or a number in the unit
+      sandbox: ar                     # ar: gate and command run in ar's sandbox; command: they run the candidate
+                                      # in a sandbox of their own (needed for CUDA in their subprocesses as root)
 
 A command objective is trusted as far as its command is: the proposal may change only `allowed_paths`, so
 the command and the gate run as committed at the start; they should run the candidate in a process of its own
-and time it from outside (examples/kernel shows how).
+and time it from outside (examples/kernel shows how). With `sandbox: command` ar does not wrap them in its own
+sandbox: they are fixed code, and they put the candidate's process in one (autoresearch.harness.sandbox), as
+the example does. That is what a GPU needs when ar runs as root: there a sandboxed process may write only its
+own /proc entries, so the candidate's process, a child of the command, could not start CUDA inside ar's.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 from .errors import ConfigError
 
 VAL_BPB = "val_bpb"
-_KEYS = ("name", "unit", "direction", "command", "metric", "gate", "timeout", "noise")
+_KEYS = ("name", "unit", "direction", "command", "metric", "gate", "timeout", "noise", "sandbox")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Objective:
     timeout: float = 300.0
     noise_share: float | None = None       # "3%": the threshold is this share of the best value
     noise: float | None = None             # an absolute threshold in the unit
+    sandbox: str = "ar"                    # who sandboxes the candidate: ar (around gate and command) or the command
 
     @property
     def custom(self) -> bool:
@@ -144,8 +150,12 @@ def parse(raw: Any, source: str) -> Objective:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
         raise ConfigError(f"objective.timeout in {source} must be a positive number of seconds, not {timeout!r}")
     share, noise = _noise(raw.get("noise"), source)
+    box = raw.get("sandbox", "ar")
+    if box not in ("ar", "command"):
+        raise ConfigError(f"objective.sandbox in {source} must be ar (ar sandboxes gate and command) or command (they "
+                          f"sandbox the candidate themselves), not {box!r}")
     return Objective(name=name, unit=unit, direction=direction, command=command, json_key=json_key, regex=regex,
-                     gate=gate, timeout=float(timeout), noise_share=share, noise=noise)
+                     gate=gate, timeout=float(timeout), noise_share=share, noise=noise, sandbox=box)
 
 
 def _command(value: Any, key: str, source: str) -> tuple[str, ...]:

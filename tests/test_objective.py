@@ -32,6 +32,7 @@ GOOD = {"name": "score", "command": "python score.py", "metric": {"regex": r"sco
     ({**GOOD, "timeout": 0}, "positive number"),
     ({**GOOD, "command": []}, "needs command"),
     ({**GOOD, "colour": "red"}, "unknown key 'colour'"),
+    ({**GOOD, "sandbox": "none"}, "must be ar .* or command"),
 ])
 def test_bad_objectives_are_one_line_errors(raw, message):
     with pytest.raises(ConfigError, match=message) as e:

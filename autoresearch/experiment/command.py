@@ -44,7 +44,7 @@ def run(req: RunRequest, obj: Objective, git, work_root: Path, exp_dir: Path, *,
         try:
             env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
             wrap: list[str] = []
-            if req.sandbox:
+            if req.sandbox and obj.sandbox == "ar":   # "command": the gate and the command sandbox the candidate
                 (ws.root / "policy.json").write_text(json.dumps(policy(ws)))
                 wrap = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(ws.root / "policy.json"),
                         "--"]
