@@ -187,7 +187,8 @@ def _row(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> Row:
                parent=short(x.parent), mfu=x.mfu, tokens_per_s=m.tokens_per_s if m else None,
                training_seconds=m.training_seconds if m else None, total_seconds=m.total_seconds if m else None,
                num_steps=m.num_steps if m else None, total_tokens_M=m.total_tokens_M if m else None,
-               time_budget=x.time_budget if x.sha else None, seed=x.seed if x.sha else None,
+               time_budget=x.time_budget if x.sha and not lp.cfg.objective.custom else None,  # a command: no budget
+               seed=x.seed if x.sha else None,
                knobs=x.knobs, reason=reason, started_at=x.started_at,
                sweep=dict(x.spec.payload.get("sweep") or {}),  # a sweep point's identity, from its spec
                agent_tokens=x.agent_usage.tokens if x.agent_usage else None,
