@@ -174,7 +174,7 @@ def test_every_kind_of_bad_run(tmp_path):
     root = make_repo(tmp_path)
     outside = tmp_path / "outside.txt"          # a file beside the repo: the sandboxed run may not write it
     outside.write_text("untouched\n")
-    c = cfg(startup_allowance=1.5, eval_allowance=1.0, max_log_mb=1, min_tokens_per_s=1000,
+    c = cfg(startup_allowance=1.5, eval_allowance=5.0, max_log_mb=1, min_tokens_per_s=1000,
             degraded_warmup_steps=2, degraded_patience=3)
     expect = {  # mode -> (status, what the reason says)
         "nan": ("crash", "loss is nan"),

@@ -52,13 +52,7 @@ AGENT_TIME = {       # the sandbox refuses the write (the agent fails), or the f
 }
 
 
-@pytest.fixture
-def hostile(tmp_path, monkeypatch, tiny_dataset):
-    """A repo with tiny_train.py, its own copy of the data (as `builtin`) and of the installed package."""
-    cache, pkg, tok = own_copies(tmp_path, monkeypatch, tiny_dataset, "hostile-cache")   # attacks move data
-    monkeypatch.setenv("HOSTILE_PACKAGE", str(pkg))
-    monkeypatch.setenv("HOSTILE_DATASET", str(tok))
-    root = tmp_path / "repo"
+def _hostile_repo(root: Path) -> None:
     root.mkdir()
     shutil.copy(FIXTURES / "tiny_train.py", root / "train.py")
     (root / "program.md").write_text("# program\nLower val_bpb.\n")
@@ -66,9 +60,25 @@ def hostile(tmp_path, monkeypatch, tiny_dataset):
     import subprocess
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "start"]):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
+
+
+@pytest.fixture
+def hostile(tmp_path, monkeypatch, tiny_dataset):
+    """A repo with tiny_train.py, its own copy of the data (as `builtin`) and of the installed package."""
+    return _hostile(tmp_path, monkeypatch, tiny_dataset)
+
+
+def _hostile(tmp_path, monkeypatch, tiny_dataset):
+    """The hostile fixture; a repo already at tmp_path/repo is used as it is."""
+    cache, pkg, tok = own_copies(tmp_path, monkeypatch, tiny_dataset, "hostile-cache")   # attacks move data
+    monkeypatch.setenv("HOSTILE_PACKAGE", str(pkg))
+    monkeypatch.setenv("HOSTILE_DATASET", str(tok))
+    root = tmp_path / "repo"
+    if not root.exists():
+        _hostile_repo(root)
     attack_file = tmp_path / "attack.txt"
     agent = f"{sys.executable} {HERE / 'hostile_agent.py'} {attack_file} {{prompt_file}}"
-    cfg = RunConfig(profile="cpu", time_budget=30, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
+    cfg = RunConfig(profile="cpu", time_budget=10, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
                     holdout_tokens=0, noise=NOISE, max_consecutive_crashes=1000, agent=agent, proposer="agent",
                     max_log_mb=1)
     return root, cfg, attack_file, cache, tok
@@ -130,12 +140,31 @@ def test_runtime_attacks_are_never_kept_and_an_honest_change_is(hostile, table):
               wrongly_kept=len(kept_wrongly))
 
 
+@pytest.fixture(scope="module")
+def after_baseline(tmp_path_factory, tiny_dataset) -> Path:
+    """The hostile repo after its baseline (tag t), run once for the agent-time tests: each starts from a copy
+    of it, with its own data and package (the attacks poison those), and resumes the tag, as `ar run` would."""
+    tmp = tmp_path_factory.mktemp("hostile-baseline")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "200")
+        for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR",
+                    "AR_FAULT"):
+            mp.delenv(var, raising=False)
+        root, cfg, attack_file, cache, tok = _hostile(tmp, mp, tiny_dataset)
+        with Loop(cfg, root, "t", AgentProposer(cfg.agent, timeout=60)) as loop:
+            loop.run(max_experiments=1)                                     # the baseline
+        assert last(root).status is Status.KEEP, last(root).reason
+    return root
+
+
 @pytest.mark.parametrize("attack", list(AGENT_TIME))
-def test_agent_time_tampering_is_rejected_and_stops_the_loop(hostile, attack, table):
-    root, cfg, attack_file, cache, tok = hostile
+def test_agent_time_tampering_is_rejected_and_stops_the_loop(after_baseline, tmp_path, monkeypatch, tiny_dataset,
+                                                             attack, table):
+    shutil.copytree(after_baseline, tmp_path / "repo", symlinks=True)      # the baseline, kept (run once)
+    root, cfg, attack_file, cache, tok = _hostile(tmp_path, monkeypatch, tiny_dataset)
     proposer = AgentProposer(cfg.agent, timeout=60)
     with Loop(cfg, root, "t", proposer) as loop:
-        loop.run(max_experiments=1)                                         # the baseline
+        assert [r.status for r in read_results(root / "runs" / "t" / "results.tsv")] == [Status.KEEP]
         attack_file.write_text(attack)
         summary = loop.run(max_experiments=1)
     row = last(root)

@@ -45,7 +45,7 @@ print(f"fix the seed to {lucky}")
 
 
 def cfg(**kw) -> RunConfig:
-    base = dict(profile="cpu", time_budget=1.0, startup_allowance=3.0, eval_allowance=10.0, prepare_data=False,
+    base = dict(profile="cpu", time_budget=0.5, startup_allowance=3.0, eval_allowance=10.0, prepare_data=False,
                 max_consecutive_crashes=1000, noise=NOISE, max_log_mb=1, eval_tokens=EVAL_TOKENS)
     base.update(kw)
     return RunConfig(**base)
