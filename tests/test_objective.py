@@ -155,3 +155,16 @@ def test_the_gate_cannot_plant_anything_for_the_command(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     rows = read_results(root / "runs" / "t" / "results.tsv")
     assert [(r.status.value, r.val_bpb) for r in rows] == [("keep", 10.0), ("keep", 20.0)], [r.reason for r in rows]
+
+
+def test_the_agents_prompt_speaks_of_the_objective(tmp_path):
+    from autoresearch.harness.env import resolve_profile
+    from autoresearch.proposers import Context
+    from autoresearch.proposers.agent import render_prompt
+    obj = parse({**GOOD, "unit": "pts", "direction": "max", "gate": "python gate.py", "noise": "5%"}, "f")
+    ctx = Context(tmp_path, "solution.py", {"SCORE": 1}, None, [], 2, tmp_path / "x", "t", resolve_profile("cpu"),
+                  20, 100, 0.002, ["solution.py"], None, obj)
+    text = render_prompt(ctx, program="# raise the score", last_n=5, description_file=tmp_path / "d")
+    assert "the correctness gate `python gate.py` must pass" in text and "score (pts, higher is better)" in text
+    assert "improves by more than 5% of the best" in text and "Knobs of the current solution.py" in text
+    assert "val_bpb" not in text and "training" not in text.split("## Rules")[0]

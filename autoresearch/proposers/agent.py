@@ -125,7 +125,7 @@ def render_prompt(ctx: Context, *, program: str, last_n: int, description_file: 
     return f"""{program.rstrip()}
 
 ## This proposal (experiment {ctx.exp_id:04d}, tag {ctx.tag})
-Hardware: {describe_hardware(ctx.profile.name)}
+Hardware: {describe_hardware(ctx.profile.name).split(", `cpu` profile")[0] if obj.custom else describe_hardware(ctx.profile.name)}
 {_measure_lines(ctx)}
 Best so far: {best}
 Knobs of the current {ctx.train_file} (the best kept version):
