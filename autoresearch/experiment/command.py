@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..harness import sandbox
 from ..objective import Objective
 from ..request import RunRequest
 from ..runner import run_training
 from . import execute
 from .evaluate import Verdict
 from .execute import TrainOutcome, Workspace
-from ..harness import sandbox
 
 
 def policy(ws: Workspace) -> dict:
