@@ -168,3 +168,14 @@ def test_the_agents_prompt_speaks_of_the_objective(tmp_path):
     assert "the correctness gate `python gate.py` must pass" in text and "score (pts, higher is better)" in text
     assert "improves by more than 5% of the best" in text and "Knobs of the current solution.py" in text
     assert "val_bpb" not in text and "training" not in text.split("## Rules")[0]
+
+
+def test_a_bad_objective_from_the_command_line_is_one_line_and_exit_2(tmp_path):
+    root = _repo(tmp_path)
+    (root / "ar.yaml").write_text("objective:\n  name: score\n  command: python score.py\n  metric: {regex: 'no group'}\n"
+                                  "allowed_paths: [solution.py]\n")
+    run = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--config", "ar.yaml"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    out = (run.stdout + run.stderr).strip()
+    assert run.returncode == 2 and "Traceback" not in out and len(out.splitlines()) == 1, out
+    assert "needs a group around the number" in out
