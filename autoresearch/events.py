@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .gitops import short
-from .ledger import LedgerError, _fsync_dir, append_line, is_json_object
+from .ledger import LedgerError, append_line, is_json_object, replace_durably
 
 STEP_EVERY_S = 2.0
 MAX_BYTES = 1 << 20
@@ -147,14 +147,8 @@ class EventLog:
 
     def _compact_locked(self) -> None:
         kept = compact(read(self.path))
-        tmp = self.path.with_name(self.path.name + ".tmp")
         text = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in kept)
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        replace_durably(self.path, text, self.path.with_name(self.path.name + ".tmp"))
         self._size = len(text.encode())
 
 

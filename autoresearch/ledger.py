@@ -307,6 +307,21 @@ def is_json_object(line: str) -> bool:
         return False
 
 
+def replace_durably(path: Path, text: str, tmp: Path) -> None:
+    """Replace a file's whole content at once and durably: written to `tmp`, fsync'd, renamed over `path`, the
+    folder fsync'd. A reader sees the old content or the new, never a mix; on an error `tmp` is removed."""
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -449,18 +464,11 @@ class Ledger:
                 continue
             have = dict(zip(old, _split(line, False)))
             out.append(_format_line_fields([have[c] if c in have else v for c, v in zip(COLUMNS, row.to_fields())]))
-        tmp = self.path.with_name(self.path.name + ".migrating")
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("".join(out))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            replace_durably(self.path, "".join(out), self.path.with_name(self.path.name + ".migrating"))
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise LedgerError(f"cannot rewrite {self.path} with today's columns: {e.strerror or e}; free disk "
                               "space or fix permissions, then run again (nothing recorded was lost)") from e
-        _fsync_dir(self.path.parent)
         self._warn(f"{self.path.name}: added the column(s) {', '.join(c for c in COLUMNS if c not in old)} "
                    "(it was written by an older ar)")
 

@@ -66,11 +66,6 @@ class Objective:
     def loss(self, value: float) -> float:
         return self.sign * value
 
-    def best(self, rows: list, value=lambda r: r.val_bpb):
-        """The best of rows by the objective (rows without a value are skipped)."""
-        have = [r for r in rows if value(r) is not None]
-        return min(have, key=lambda r: self.loss(value(r))) if have else None
-
     def better(self, a: float, b: float | None) -> bool:
         return b is None or self.loss(a) < self.loss(b)
 

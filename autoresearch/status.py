@@ -8,7 +8,7 @@ from pathlib import Path
 from . import events, objective
 from .gitops import GitRepo
 from .layout import EVENTS, RESULTS, RunsLayout
-from .ledger import Ledger, Status
+from .ledger import Ledger
 from .lock import read_holder
 
 
@@ -26,8 +26,8 @@ def read_status(repo: str | Path) -> dict:
         return out
     out["status"] = events.against_lock(events.fold(events.read(runs.tag(tag).events)), holder)
     obj = objective.load(runs.tag(tag).dir)
-    rows = Ledger(runs.tag(tag).dir, sign=obj.sign).rows()
-    best = obj.best([r for r in rows if r.status is Status.KEEP])
+    ledger = Ledger(runs.tag(tag).dir, sign=obj.sign)
+    rows, best = ledger.rows(), ledger.best_kept()
     out["best"] = best.to_dict() if best else None
     out["objective"] = obj.describe()
     for r in rows:

@@ -21,6 +21,7 @@ from ..runner import run_training
 from . import execute
 from .evaluate import Verdict
 from .execute import TrainOutcome, Workspace
+from .settle import last_output_line
 
 
 def policy(ws: Workspace) -> dict:
@@ -60,7 +61,7 @@ def run(req: RunRequest, obj: Objective, git, work_root: Path, exp_dir: Path, *,
     outcome = TrainOutcome(result, None, result.wall_seconds, None, None, req.sandbox)
     value, rejected, error = None, None, None
     if name == "gate" and result.returncode not in (0, None) and not result.stop_reason:
-        rejected = f"the correctness gate failed: {_last_line(log) or f'exit code {result.returncode}'}"
+        rejected = f"the correctness gate failed: {last_output_line(log)[:300] or f'exit code {result.returncode}'}"
     elif name == "command" and result.returncode == 0 and not result.stop_reason:
         value = obj.extract(log.read_text(errors="replace"))
         if value is None:
@@ -69,13 +70,4 @@ def run(req: RunRequest, obj: Objective, git, work_root: Path, exp_dir: Path, *,
     record.update(value=value, rejected=rejected, error=error)
     (exp_dir / "record.json").write_text(json.dumps(record, indent=1) + "\n")
     return outcome, Verdict(value, rejected, error, record, None)
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if not ln.startswith("[ar]")]
-    return lines[-1][:300] if lines else ""
 

@@ -38,10 +38,7 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
-        tampered = after_run() if after_run else None
-        broken = fingerprint.changes() if fingerprint else None
-        if broken:
-            tampered = f"the run changed what it may not: {broken}"
+        tampered, broken = _after_checks(after_run, fingerprint)
         has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
               and has_ckpt)
@@ -59,11 +56,17 @@ def _command_trial(req: RunRequest, git: GitRepo, work_root: Path, exp_dir: Path
     """A command objective: gate and command, each in a fresh workspace; the same after-run checks as training."""
     try:
         out, verdict = command.run(req, req.objective, git, work_root, exp_dir, on_line=on_line)
-        tampered = after_run() if after_run else None
-        broken = fingerprint.changes() if fingerprint else None
-        if broken:
-            tampered = f"the run changed what it may not: {broken}"
+        tampered, broken = _after_checks(after_run, fingerprint)
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     ran = out.result.returncode == 0 and not out.result.stop_reason
     return Trial(out, verdict, ran, tampered, broken)
+
+
+def _after_checks(after_run: Callable[[], str | None] | None, fingerprint: Fingerprint | None
+                  ) -> tuple[str | None, str | None]:
+    """Once every process of the run is gone: (what it changed that it may not, or None; the package or data
+    change, or None). A package or data change is also the tampering reason."""
+    tampered = after_run() if after_run else None
+    broken = fingerprint.changes() if fingerprint else None
+    return (f"the run changed what it may not: {broken}" if broken else tampered), broken

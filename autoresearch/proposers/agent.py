@@ -73,10 +73,12 @@ def fill(argv: list[str], prompt: str, prompt_file: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------- hardware
 
 @functools.lru_cache(maxsize=4)
-def describe_hardware(profile_name: str) -> str:
-    """One or two lines about the machine an experiment runs on, for the prompt."""
+def describe_hardware(profile_name: str, *, training: bool = True) -> str:
+    """One or two lines about the machine an experiment runs on, for the prompt. `training`: train.py's
+    profile applies (on a CPU its knobs drive a scaled-down model); a command objective has none."""
     if profile_name == "cpu":
-        return f"CPU only ({os.cpu_count()} cores), `cpu` profile: the knobs drive a scaled-down model"
+        return f"CPU only ({os.cpu_count()} cores)" + (", `cpu` profile: the knobs drive a scaled-down model"
+                                                       if training else "")
     try:
         import torch
         if not torch.cuda.is_available():
@@ -125,7 +127,7 @@ def render_prompt(ctx: Context, *, program: str, last_n: int, description_file: 
     return f"""{program.rstrip()}
 
 ## This proposal (experiment {ctx.exp_id:04d}, tag {ctx.tag})
-Hardware: {describe_hardware(ctx.profile.name).split(", `cpu` profile")[0] if obj.custom else describe_hardware(ctx.profile.name)}
+Hardware: {describe_hardware(ctx.profile.name, training=not obj.custom)}
 {_measure_lines(ctx)}
 Best so far: {best}
 Knobs of the current {ctx.train_file} (the best kept version):
