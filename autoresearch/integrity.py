@@ -3,7 +3,10 @@ prepared data. Fingerprinted at session start; compared after every proposal (th
 after every run, and before every evaluation.
 
 - the package: sha256 of every file under autoresearch/, __pycache__ included (a poisoned .pyc whose header
-  matches its source would be loaded by Python; this process writes no bytecode, so any change is foreign);
+  matches its source would be loaded by Python; this process writes no bytecode, so any change is foreign).
+  A link counts by where it points, not by what it reaches: in a checkout the init templates under resources/
+  are links to the top-level train.py, program.md and configs/, which experiments edit and nothing here runs;
+  pointing a link elsewhere, or replacing one, still changes the fingerprint;
 - the evaluation data (validation split, token-bytes table, tokenizer, meta.json): sha256 of the contents —
   the evaluator checks these again itself;
 - the training split, which may be large: size, mtime, ctime and inode (a write, a chmod or a utime always moves
@@ -25,9 +28,13 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 def package_digest(root: Path) -> dict[str, str]:
     out = {}
-    for f in sorted(root.rglob("*")):
-        if f.is_file():
-            out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    for folder, dirs, files in os.walk(root):      # links to folders stay in dirs, unfollowed
+        for name in dirs + files:
+            f = Path(folder) / name
+            if f.is_symlink():
+                out[str(f.relative_to(root))] = "link:" + os.readlink(f)
+            elif f.is_file():
+                out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
 
 

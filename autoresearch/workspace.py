@@ -1,11 +1,12 @@
 """`ar init DIR`: a workspace for someone who installed the package rather than cloning the repo.
 
-The package ships pristine train.py, program.md and configs/ under autoresearch/resources/ as real files, not
-links to the checkout's top-level copies: those are a workspace too (experiments edit train.py on autoresearch/*
-branches), so a link would hand init whatever was last tuned there, and would put a file that every proposal
-changes inside the fingerprinted package. tests/test_init.py keeps the two byte-equal on main. init copies them
-into DIR (train.py and program.md at the top, every YAML file under configs/), ignores runs/, and makes DIR a
-git repository with one commit, so that `ar run` can start there at once.
+The templates have one source: the checkout's top-level train.py, program.md and configs/. In the checkout,
+autoresearch/resources/ holds links to them; building a wheel or an sdist copies what the links reach, so an
+installed package carries real files (tests/test_init.py builds a wheel and checks). The package fingerprint
+counts those links by where they point, so experiments editing the top-level train.py never move it. An editable
+install reads the checkout as it is now: on an autoresearch/* branch that is a tuned train.py, and init says so.
+init copies the templates into DIR (train.py and program.md at the top, every YAML file under configs/), ignores
+runs/, and makes DIR a git repository with one commit, so that `ar run` can start there at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ class Workspace:
     path: Path
     files: list[str]  # relative paths written
     commit: str
+    warning: str | None = None   # the templates are not the pristine ones
+
+
+def _experiment_branch_source(train_py: Path) -> str | None:
+    """When train.py is a link into a checkout on an autoresearch/* branch (an editable install), say so."""
+    import git
+
+    if not train_py.is_symlink():
+        return None
+    try:
+        repo = git.Repo(train_py.resolve().parent, search_parent_directories=True)
+        branch = repo.active_branch.name
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, TypeError):   # TypeError: a detached HEAD
+        return None
+    if not branch.startswith("autoresearch/"):
+        return None
+    return (f"the templates come from the checkout {repo.working_tree_dir}, which is on the experiment branch "
+            f"{branch}: this train.py is that branch's tuned one (check out main there for the pristine one)")
 
 
 def packaged_resources() -> Path:
@@ -63,6 +82,7 @@ def init_workspace(target: str | Path, *, force: bool = False, resources: Path |
     if target.exists() and any(target.iterdir()) and not force:
         raise ArError(f"{target} is not empty; pick a new or empty directory (or pass --force to write into it)")
     files = plan(resources or packaged_resources())
+    warning = _experiment_branch_source(files["train.py"])
     target.mkdir(parents=True, exist_ok=True)
     for rel, src in files.items():
         dest = target / rel
@@ -82,4 +102,4 @@ def init_workspace(target: str | Path, *, force: bool = False, resources: Path |
         commit = repo.index.commit("Workspace created by ar init", author=who, committer=who).hexsha
     except git.GitCommandError as e:
         raise GitError(f"could not make {target} a git repository: {e.stderr.strip() or e}") from None
-    return Workspace(target, written, commit)
+    return Workspace(target, written, commit, warning)

@@ -1,6 +1,10 @@
 """ar init: a workspace from the packaged resources, committed, refusing to overwrite; the templates themselves.
 (A run in a new workspace: test_first_hour.test_the_quick_start_in_a_new_workspace.)"""
 
+import stat
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import git
@@ -9,6 +13,7 @@ from typer.testing import CliRunner
 
 from autoresearch.cli import app
 from autoresearch.errors import ArError
+from autoresearch.integrity import Fingerprint
 from autoresearch.workspace import init_workspace, packaged_resources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,28 +94,71 @@ def _checkout_branch() -> str | None:
         return ""
 
 
-def _files(folder: Path) -> set[str]:
-    return {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()}
-
-
-def test_the_packaged_templates_are_real_files_equal_to_the_checkouts():
-    """The templates are real files (a link would give init the checkout's current train.py, and put a file every
-    proposal edits inside the fingerprinted package), and on main they equal the top-level copies byte for byte."""
-    res = packaged_resources()
+def test_the_packaged_templates_are_links_to_the_checkouts_top_level_files():
+    """One source for the templates: in a checkout, resources/ links to the top-level files."""
+    res = ROOT / "autoresearch" / "resources"
+    if _checkout_branch() is None or not (ROOT / "train.py").is_file():
+        pytest.skip("not run from a checkout")
     for name in ("train.py", "program.md", "configs"):
-        assert not (res / name).is_symlink(), f"{res / name} is a link; ship a real copy"
-    branch = _checkout_branch()
-    if branch is None or not (ROOT / "train.py").is_file():
-        pytest.skip("not run from a checkout: nothing to compare the templates with")
-    if branch.startswith("autoresearch/"):
-        pytest.skip(f"the checkout is on the experiment branch {branch}, where train.py is meant to differ")
+        assert (res / name).is_symlink() and (res / name).resolve() == (ROOT / name).resolve(), name
+
+
+def test_a_built_wheel_carries_real_copies_of_the_templates(tmp_path):
+    """What pip installs from a checkout: the links become files equal to the top-level ones."""
+    if _checkout_branch() is None or not (ROOT / "pyproject.toml").is_file():
+        pytest.skip("not run from a checkout")
+    src = tmp_path / "src"
+    git.Repo(ROOT).git.worktree("add", "--detach", str(src), "HEAD")   # the committed tree, not the work tree
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+        wheel, = (tmp_path / "dist").glob("*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            inside = {i.filename: i for i in z.infolist()}
+            for rel in ["train.py", "program.md"] + [f"configs/{f.name}" for f in (src / "configs").glob("*.yaml")]:
+                info = inside[f"autoresearch/resources/{rel}"]
+                assert not stat.S_ISLNK(info.external_attr >> 16), f"{rel} is a link in the wheel"
+                assert z.read(info) == (src / rel).read_bytes(), rel
+    finally:
+        git.Repo(ROOT).git.worktree("remove", "--force", str(src))
+
+
+def test_editing_the_checkouts_train_py_leaves_the_package_fingerprint_alone(tmp_path):
+    """The links count by where they point: an experiment's edit is not a change to the package; relinking is."""
+    pkg = tmp_path / "pkg"
+    (pkg / "resources").mkdir(parents=True)
+    (pkg / "harness.py").write_text("X = 1\n")
+    (tmp_path / "train.py").write_text("print('baseline')\n")
+    (tmp_path / "other.py").write_text("print('other')\n")
+    (pkg / "resources" / "train.py").symlink_to("../../train.py")
+    fp = Fingerprint.take(None, pkg)
+    (tmp_path / "train.py").write_text("print('an experiment')\n")
+    assert fp.changes() is None
+    (pkg / "resources" / "train.py").unlink()
+    (pkg / "resources" / "train.py").symlink_to("../../other.py")
+    assert "resources/train.py changed" in fp.changes()
+    (pkg / "resources" / "train.py").unlink()
+    (pkg / "resources" / "train.py").write_text("print('baseline')\n")
+    assert "resources/train.py changed" in fp.changes()
+
+
+def test_init_from_a_checkout_on_an_experiment_branch_says_the_train_py_is_tuned(tmp_path):
+    checkout = tmp_path / "checkout"
+    repo = git.Repo.init(checkout)
+    (checkout / "train.py").write_text("print('tuned')\n")
+    (checkout / "program.md").write_text("# program\n")
+    res = checkout / "autoresearch" / "resources"
+    res.mkdir(parents=True)
     for name in ("train.py", "program.md"):
-        assert (res / name).read_bytes() == (ROOT / name).read_bytes(), (
-            f"{name} and autoresearch/resources/{name} differ: copy the one you changed over the other")
-    assert _files(res / "configs") == _files(ROOT / "configs")
-    for rel in _files(ROOT / "configs"):
-        assert (res / "configs" / rel).read_bytes() == (ROOT / "configs" / rel).read_bytes(), (
-            f"configs/{rel} and autoresearch/resources/configs/{rel} differ: copy the one you changed over the other")
+        (res / name).symlink_to(f"../../{name}")
+    actor = git.Actor("t", "t@localhost")
+    repo.index.add(["train.py", "program.md"])
+    repo.index.commit("base", author=actor, committer=actor)
+    assert init_workspace(tmp_path / "on-main", resources=res).warning is None
+    repo.git.checkout("-b", "autoresearch/dec01")
+    ws = init_workspace(tmp_path / "on-branch", resources=res)
+    assert "autoresearch/dec01" in ws.warning and "tuned" in ws.warning
+    assert (ws.path / "train.py").read_text() == "print('tuned')\n" and not (ws.path / "train.py").is_symlink()
 
 
 def test_cli_init_prints_the_next_commands(tmp_path):

@@ -59,6 +59,8 @@ def init(
 ) -> None:
     """Create a workspace — train.py, program.md, configs/, .gitignore — as a git repo with a first commit."""
     ws = init_workspace(directory, force=force)
+    if ws.warning:
+        console.print(f"[yellow]note:[/] {escape(ws.warning)}", highlight=False, soft_wrap=True)
     console.print(f"created {ws.path} with {len(ws.files)} files (commit {ws.commit[:7]}). Next:",
                   highlight=False, soft_wrap=True)
     # the README's quick start: 3 runs of the baseline (the noise), then 3 proposals
