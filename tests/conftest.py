@@ -1,5 +1,10 @@
 """Shared fixtures: an isolated cache, one small prepared dataset for the whole test session, and a per-test
-cache in which the configs' default dataset (`builtin`) is that shared dataset."""
+cache in which the configs' default dataset (`builtin`) is that shared dataset.
+
+The run's order and its figures: tests marked `slow` are collected first, so that pytest-xdist's workers start
+on the long ones together rather than one worker ending the run alone with them. The fault tests add rows
+(fault, trials, lost, duplicated, wrongly kept, inconsistent) through the `table` fixture; each xdist worker
+hands its rows to the controller when it finishes, and one table of their sums is printed at the end."""
 
 from __future__ import annotations
 
@@ -82,3 +87,64 @@ def prepared_cache(tmp_path, monkeypatch, tiny_dataset, _tiny_digest) -> Path:
         shutil.copytree(tiny_dataset.tok_dir.parent.parent.parent / "pristine", tiny_dataset.tok_dir)
         pytest.fail(f"the test changed the shared dataset {tiny_dataset.tok_dir} (restored for the next tests); "
                     "copy it before changing anything")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)    # stable: file order otherwise
+
+
+COLUMNS = ("fault", "trials", "lost", "duplicated", "wrongly kept", "inconsistent")
+ROWS: dict[str, list[int]] = {}   # fault -> [trials, lost, duplicated, wrongly kept, inconsistent]
+
+
+class Table:
+    def add(self, fault: str, trials: int = 1, lost: int = 0, duplicated: int = 0, wrongly_kept: int = 0,
+            inconsistent: int = 0) -> None:
+        _merge({fault: [trials, lost, duplicated, wrongly_kept, inconsistent]})
+
+
+@pytest.fixture(scope="session")
+def table() -> Table:
+    return Table()
+
+
+def render() -> list[str]:
+    if not ROWS:
+        return []
+    width = max(len(COLUMNS[0]), *(len(f) for f in ROWS))
+    head = f"| {COLUMNS[0]:<{width}} | " + " | ".join(COLUMNS[1:]) + " |"
+    rule = f"| {'-' * width} | " + " | ".join("-" * (len(c) - 1) + ":" for c in COLUMNS[1:]) + " |"
+    lines = [head, rule]
+    for fault, vals in ROWS.items():
+        lines.append(f"| {fault:<{width}} | " + " | ".join(f"{v:>{len(c)}}" for v, c in zip(vals, COLUMNS[1:]))
+                     + " |")
+    total = [sum(v[i] for v in ROWS.values()) for i in range(5)]
+    lines.append(f"| {'total':<{width}} | " + " | ".join(f"{v:>{len(c)}}" for v, c in zip(total, COLUMNS[1:]))
+                 + " |")
+    return lines
+
+
+def _merge(rows: dict[str, list[int]]) -> None:
+    for fault, vals in rows.items():
+        row = ROWS.setdefault(fault, [0, 0, 0, 0, 0])
+        for i, v in enumerate(vals):
+            row[i] += int(v)
+
+
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)     # set only in an xdist worker
+    if out is not None:
+        out["fault_rows"] = dict(ROWS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _merge(getattr(node, "workeroutput", {}).get("fault_rows", {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = render()
+    if lines:
+        terminalreporter.section("fault-injection summary")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -52,6 +52,7 @@ class Scripted:
         return Proposal(description, knobs=knobs)
 
 
+@pytest.mark.slow
 def test_dashboard_in_a_headless_browser(tmp_path):
     exe = chromium()
     if exe is None:

@@ -38,6 +38,7 @@ def _git_init(root: Path) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
 
 
+@pytest.mark.slow
 def test_ar_run_keeps_the_speed_up_and_rejects_the_wrong_result_and_the_cheat(tmp_path):
     root = _workspace(tmp_path)
     (root / ".gitignore").write_text("runs/\n__pycache__/\n")

@@ -135,6 +135,7 @@ class Cycle:
         return self.proposers.pop(0).propose(ctx)
 
 
+@pytest.mark.slow
 def test_scripted_agents(tmp_path):
     root = make_repo(tmp_path)
     start_prepare = (root / "prepare.py").read_text()
@@ -170,6 +171,7 @@ def test_scripted_agents(tmp_path):
 
 # ------------------------------------------------------------------------------------------- train runs
 
+@pytest.mark.slow
 def test_every_kind_of_bad_run(tmp_path):
     root = make_repo(tmp_path)
     outside = tmp_path / "outside.txt"          # a file beside the repo: the sandboxed run may not write it
@@ -229,7 +231,8 @@ def test_every_kind_of_bad_run(tmp_path):
     assert (root / "runs" / "t" / f"{got['flood'].exp_id:04d}-{got['flood'].commit}" / "train.log").stat().st_size \
         < 2**20 + 2**15
     time.sleep(0.3)
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(10000)" in " ".join(p.info["cmdline"] or [])]
+    leftovers = [p for p in psutil.process_iter(["cmdline", "cwd"]) if "time.sleep(10000)" in " ".join(
+        p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]     # this test's, not a neighbour's
     assert leftovers == []
 
 
@@ -396,6 +399,7 @@ def training(root, exp_id):
     return x.get("id") == exp_id and x.get("phase") == "training" and st.get("step")
 
 
+@pytest.mark.slow
 def test_kill_9_mid_experiment_then_resume(tmp_path):
     root = make_repo(tmp_path)
     conf = write_cfg(tmp_path)
@@ -445,6 +449,7 @@ def test_kill_9_during_the_proposal_then_resume(tmp_path):
     assert "LR_MULT = 3.0" not in (root / "train.py").read_text()
 
 
+@pytest.mark.slow
 def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
     root = make_repo(tmp_path)
     conf = write_cfg(tmp_path, time_budget=3)

@@ -113,6 +113,7 @@ def test_decisions_in_dispatch_order_and_stale_win_rerun(tmp_path):
     assert "TOTAL_BATCH_SIZE = 2**17" in knobs and "START_DELAY = 2.5" in knobs
 
 
+@pytest.mark.slow
 def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
     """An agent's win on a stale parent: its diff is applied on top of the new best (the lines both changed
     take the replayed side), run, and recorded with a result (it was once recorded `rejected` instead)."""
@@ -232,6 +233,7 @@ def test_status_shows_every_slot(tmp_path):
     assert "cpu slot 0: experiment 000" in out and "cpu slot 1: experiment 000" in out and "step" in out, out
 
 
+@pytest.mark.slow
 def test_cli_run_and_sweep_with_gpus(tmp_path):
     root = make_repo(tmp_path)
     conf = tmp_path / "run.yaml"
@@ -279,6 +281,7 @@ def _train_procs(root: Path) -> list[psutil.Process]:
     return out
 
 
+@pytest.mark.slow
 def test_ctrl_c_and_kill_9_with_two_slots(tmp_path):
     root = make_repo(tmp_path)
     conf = tmp_path / "run.yaml"

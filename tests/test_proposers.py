@@ -157,7 +157,8 @@ def test_agent_timeout_kills_the_group(tmp_path):
         agent("hang.py", tmp_path, timeout=1).propose(ctx(tmp=root))
     assert time.monotonic() - t0 < 8
     time.sleep(0.2)
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(10000)" in " ".join(p.info["cmdline"] or [])]
+    leftovers = [p for p in psutil.process_iter(["cmdline", "cwd"]) if "time.sleep(10000)" in " ".join(
+        p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]     # this test's, not a neighbour's
     assert leftovers == []
 
 

@@ -24,6 +24,7 @@ from autoresearch.session import Loop as ParallelLoop
 from test_loop import assert_consistent, cfg, make_repo
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")     # one cluster at a time on this machine, on one xdist worker
 
 FAST_FAILURE = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
                 "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_timeout_ms": "500"}
@@ -115,6 +116,7 @@ def test_worker_without_data_fails_once_with_a_clear_message(cluster, tmp_path, 
     assert not [w for w in warnings if "sent to the cluster again" in w.message]
 
 
+@pytest.mark.slow
 def test_sweep_across_two_nodes_survives_losing_one(cluster, tmp_path, prepared_cache, tiny_dataset):
     """`ar sweep --executor ray` in its own process, as a user runs it."""
     cluster["cache"].mkdir(parents=True, exist_ok=True)     # the workers' cache gets the shared dataset too
@@ -173,6 +175,7 @@ def test_sweep_across_two_nodes_survives_losing_one(cluster, tmp_path, prepared_
     assert "[ar] ran on Ray node" in logs
 
 
+@pytest.mark.slow
 def test_every_guard_and_stop_rule_alike_on_one_slot_local_slots_and_ray(cluster, tmp_path, prepared_cache,
                                                                            tiny_dataset):
     """One scenario of misbehaving and honest experiments through the inline executor (the repo itself), two

@@ -50,6 +50,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 def test_cut_and_garbage_lines_are_reported_and_the_rest_recovered(tmp_path, table):
     root, conf, args = setup(tmp_path)
     noise = load_config(conf).noise_threshold(root / "runs" / TAG)[0]
@@ -161,6 +162,7 @@ def test_read_only_runs_is_a_clear_stop(tmp_path, small_fs, table):
     assert not torn and not c.notes, c.notes
 
 
+@pytest.mark.slow
 def test_enospc_on_the_ledger_append_simulated(tmp_path, monkeypatch, table):
     """Without a mount: the write of a results.tsv row fails with ENOSPC half-way."""
     root, conf, args = setup(tmp_path)
