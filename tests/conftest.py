@@ -1,8 +1,8 @@
 """Shared fixtures: an isolated cache, one small prepared dataset for the whole test session, and a per-test
 cache in which the configs' default dataset (`builtin`) is that shared dataset.
 
-The run's order and its figures: tests marked `slow` are collected first, so that pytest-xdist's workers start
-on the long ones together rather than one worker ending the run alone with them. The fault tests add rows
+The run's order and its figures: modules with a test marked `slow` are collected first, so that pytest-xdist's
+workers start on the long ones together rather than one worker ending the run alone with them. The fault tests add rows
 (fault, trials, lost, duplicated, wrongly kept, inconsistent) through the `table` fixture; each xdist worker
 hands its rows to the controller when it finishes, and one table of their sums is printed at the end."""
 
@@ -90,7 +90,10 @@ def prepared_cache(tmp_path, monkeypatch, tiny_dataset, _tiny_digest) -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)    # stable: file order otherwise
+    """Modules with a slow test first, each module kept whole (its module-scoped fixtures, such as the Ray
+    cluster, start once); file order otherwise."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)
 
 
 COLUMNS = ("fault", "trials", "lost", "duplicated", "wrongly kept", "inconsistent")
