@@ -1,8 +1,9 @@
 """Shared fixtures: an isolated cache, one small prepared dataset for the whole test session, and a per-test
 cache in which the configs' default dataset (`builtin`) is that shared dataset.
 
-The run's order and its figures: modules with a test marked `slow` are collected first, so that pytest-xdist's
-workers start on the long ones together rather than one worker ending the run alone with them. The fault tests add rows
+The run's order and its figures: pytest-xdist hands each worker a whole test file at a time (module-scoped
+fixtures such as the Ray cluster start once), in collection order, and modules with a test marked `slow` are
+collected first, so that the two workers start on the long ones rather than one ending the run alone with them. The fault tests add rows
 (fault, trials, lost, duplicated, wrongly kept, inconsistent) through the `table` fixture; each xdist worker
 hands its rows to the controller when it finishes, and one table of their sums is printed at the end."""
 

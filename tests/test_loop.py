@@ -231,9 +231,14 @@ def test_every_kind_of_bad_run(tmp_path):
     assert (root / "runs" / "t" / f"{got['flood'].exp_id:04d}-{got['flood'].commit}" / "train.log").stat().st_size \
         < 2**20 + 2**15
     time.sleep(0.3)
-    leftovers = [p for p in psutil.process_iter(["cmdline", "cwd"]) if "time.sleep(10000)" in " ".join(
-        p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]     # this test's, not a neighbour's
-    assert leftovers == []
+    assert sleepers_left(tmp_path) == []
+
+
+def sleepers_left(tmp_path: Path) -> list[psutil.Process]:
+    """The fixtures' `time.sleep(10000)` children still alive that ran in this test's folder (xdist runs other
+    tests beside this one)."""
+    return [p for p in psutil.process_iter(["cmdline", "cwd"]) if "time.sleep(10000)" in " ".join(
+        p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]
 
 
 def test_max_consecutive_crashes_and_a_broken_baseline(tmp_path):

@@ -4,7 +4,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from autoresearch.config import RunConfig
@@ -14,6 +13,8 @@ from autoresearch.ledger import Row, Status
 from autoresearch.proposers import Context, ProposalFailed, make_proposer
 from autoresearch.proposers.agent import AgentProposer, command_for, fill, render_prompt
 from autoresearch.proposers.search import GridProposer, RandomProposer, StrategyProposer
+
+from test_loop import sleepers_left
 
 AGENTS = Path(__file__).parent / "fixtures" / "agents"
 BASE = {"DEPTH": 8, "TOTAL_BATCH_SIZE": 2**19, "DEVICE_BATCH_SIZE": "auto", "LR_MULT": 1.0, "WARMDOWN_RATIO": 0.5}
@@ -157,9 +158,7 @@ def test_agent_timeout_kills_the_group(tmp_path):
         agent("hang.py", tmp_path, timeout=1).propose(ctx(tmp=root))
     assert time.monotonic() - t0 < 8
     time.sleep(0.2)
-    leftovers = [p for p in psutil.process_iter(["cmdline", "cwd"]) if "time.sleep(10000)" in " ".join(
-        p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]     # this test's, not a neighbour's
-    assert leftovers == []
+    assert sleepers_left(tmp_path) == []
 
 
 def test_agent_failure_and_flood(tmp_path):

@@ -24,7 +24,6 @@ from autoresearch.session import Loop as ParallelLoop
 from test_loop import assert_consistent, cfg, make_repo
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.xdist_group("ray")     # one cluster at a time on this machine, on one xdist worker
 
 FAST_FAILURE = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
                 "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_timeout_ms": "500"}

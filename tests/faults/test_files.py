@@ -109,13 +109,19 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(m)], capture_output=True)
 
 
-def test_full_disk_is_a_clear_stop(tmp_path, small_fs, table):
+def _three_on_a_small_fs(tmp_path, small_fs):
+    """A tag with three results whose runs/ is a small tmpfs: (root, args, noise, runs, history)."""
     root, conf, args = setup(tmp_path)
     noise = load_config(conf).noise_threshold(root / "runs" / TAG)[0]
     runs = small_fs(root / "runs")
     assert fork_ar(*args, "3", log=tmp_path / "ok.log") == 0
     hist = History()
     hist.observe(root, TAG)
+    return root, args, noise, runs, hist
+
+
+def test_full_disk_is_a_clear_stop(tmp_path, small_fs, table):
+    root, args, noise, runs, hist = _three_on_a_small_fs(tmp_path, small_fs)
     filler = runs / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)     # fill the disk to the last block
     try:
@@ -139,12 +145,7 @@ def test_full_disk_is_a_clear_stop(tmp_path, small_fs, table):
 
 
 def test_read_only_runs_is_a_clear_stop(tmp_path, small_fs, table):
-    root, conf, args = setup(tmp_path)
-    noise = load_config(conf).noise_threshold(root / "runs" / TAG)[0]
-    runs = small_fs(root / "runs")
-    assert fork_ar(*args, "3", log=tmp_path / "ok.log") == 0
-    hist = History()
-    hist.observe(root, TAG)
+    root, args, noise, runs, hist = _three_on_a_small_fs(tmp_path, small_fs)
     subprocess.run(["mount", "-o", "remount,ro", str(runs)], check=True)
     log = tmp_path / "ro.log"
     try:
