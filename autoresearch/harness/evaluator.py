@@ -86,11 +86,14 @@ class Zygote:
         """Stop the fork server; it kills and reaps every worker first. A worker left as a zombie for init to
         reap would keep its Landlock rules, and with them the deleted workspace's inodes, alive."""
         try:
-            self.proc.stdin.close()
-            self.proc.terminate()
+            self.proc.stdin.close()          # end of input: it reaps its workers and leaves by itself
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
+            try:
+                self.proc.terminate()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
         self.proc.wait()
 
 
@@ -428,4 +431,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from .sandbox import exit_now
+    exit_now(main(sys.argv[1:]))

@@ -86,4 +86,4 @@ def _serve() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sandbox.exit_now(main())
