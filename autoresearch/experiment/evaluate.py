@@ -93,19 +93,8 @@ class Server:
         runs/ right after `ar` exits must not find the workspace's inodes still held."""
         if self.proc is None:
             return
-        try:
-            self.proc.stdin.close()          # end of input: it stops its fork server and exits by itself
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            try:
-                self.proc.terminate()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, 9)            # the fork server shares its group
-                except OSError:
-                    pass
-        self.proc.wait()
+        pid = self.proc.pid      # end of input: it stops its fork server and exits by itself; the last resort
+        sandbox.stop_on_end_of_input(self.proc, grace=10, kill=lambda: os.killpg(pid, 9))   # shares its group
         self.proc = None
 
 

@@ -85,16 +85,8 @@ class Zygote:
     def close(self) -> None:
         """Stop the fork server; it kills and reaps every worker first. A worker left as a zombie for init to
         reap would keep its Landlock rules, and with them the deleted workspace's inodes, alive."""
-        try:
-            self.proc.stdin.close()          # end of input: it reaps its workers and leaves by itself
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            try:
-                self.proc.terminate()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self.proc.wait()
+        from .sandbox import stop_on_end_of_input
+        stop_on_end_of_input(self.proc, grace=5)     # end of input: it reaps its workers and leaves by itself
 
 
 class _Worker:

@@ -234,6 +234,25 @@ def _kill_below(me: int) -> None:
                 time.sleep(0.01)
 
 
+def stop_on_end_of_input(proc, *, grace: float, kill=None) -> None:
+    """Stop a helper process that cleans up and leaves when its stdin closes: close it and wait `grace` seconds;
+    then SIGTERM and 5 s more; then `kill()` (default: SIGKILL to the process). Returns once it is reaped."""
+    import subprocess
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=grace)
+    except (OSError, subprocess.TimeoutExpired):
+        try:
+            proc.terminate()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                (kill or proc.kill)()
+            except OSError:
+                pass
+    proc.wait()
+
+
 def exit_now(code: int) -> None:
     """Leave without the interpreter's teardown: with torch imported that takes ~0.6 s of a CPU, and a session's
     evaluator and its fork server stop one after the other. For processes whose work is all written and
