@@ -475,11 +475,13 @@ def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130, err
-    rows = assert_consistent(root)
-    assert [r.status.value for r in rows] == ["keep", "interrupted"]
+    # the stop lands on experiment 2, or on 3 when the two `ar` calls above outlast 2's 3-s budget on a busy CPU
+    statuses = [r.status.value for r in assert_consistent(root)]
+    assert statuses[0] == "keep" and statuses[-1] == "interrupted" and "interrupted" not in statuses[:-1] and \
+        len(statuses) in (2, 3), statuses
     again = ar("run", "--repo", str(root), "--tag", "t", "--config", str(write_cfg(tmp_path, time_budget=3)),
                "--max-experiments", "1", cwd=tmp_path)           # a tag keeps its budget: the same one again
     out, err = again.communicate(timeout=60)
     assert again.returncode == 0, err
-    assert [r.status.value for r in assert_consistent(root)][:2] == ["keep", "interrupted"]
+    assert [r.status.value for r in assert_consistent(root)][:len(statuses)] == statuses
 
