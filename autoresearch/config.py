@@ -52,6 +52,8 @@ class RunConfig:
     dataset: str = "builtin"               # cache subfolder; `builtin` is prepared automatically when missing
     prepare_data: bool = True              # check (and for `builtin`, prepare) the data before the first run
     seed: int = 42
+    compile_cache: bool = True             # seed every run's compile caches from those of trusted runs
+                                           # (compile_cache.py); false: every run compiles cold
     max_log_mb: float = 50.0               # train.log cap per experiment
     # deciding
     noise: float | None = None             # keep only when val_bpb beats the best by more than this
@@ -133,7 +135,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{where} must be a non-empty string")
         return value
-    if key in ("prepare_data", "confirm_new_best", "sandbox"):
+    if key in ("prepare_data", "confirm_new_best", "sandbox", "compile_cache"):
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false")
         return value

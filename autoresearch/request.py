@@ -41,6 +41,8 @@ class RunRequest:
     sandbox: bool
     slot_env: dict[str, str] = field(default_factory=dict)
     objective: Objective = VAL_BPB        # a custom one: gate + command instead of train.py + the evaluator
+    trusted_code: bool = False            # what this run compiles may join the compile store (compile_cache.py)
+    compile_store: Path | None = None     # copied into the run's scratch cache before it starts; None: cold
 
     @property
     def device(self) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import faults
+from . import compile_cache, faults
 from .config import RunConfig
 from .errors import ConfigError, DataError
 from .events import EventLog, slot_fields
@@ -111,6 +111,7 @@ class Loop:
         self.stopping = threading.Event()              # Ctrl-C: a slot starts no run after this
         self.propose_lock = threading.Lock()
         self.hook_lock = threading.Lock()
+        self.trusted_commits: set[str] = set()         # code the user wrote, or ar's knob edits of it
 
     # ----------------------------------------------------------------------------------- open / close
     def say(self, message: str, kind: str = "info") -> None:
@@ -195,6 +196,9 @@ class Loop:
         if rows and rows[-1].exp_id is not None:     # hooks of the last row, if ar died before firing them
             settle.fire(self, rows[-1])
         self.best_sha = self._restore_best()
+        self.trusted_commits = {self.base_sha}   # the user's commit; the session adds ar's own knob edits of it
+        if self.cfg.compile_cache:    # made now, so that the agent's sandbox denies it as it is (prepare.py)
+            compile_cache.store_dir(default_cache()).mkdir(parents=True, exist_ok=True)
         for spec in in_flight:
             self.say(f"experiment {spec.id:04d} ({spec.kind}) was cut short by a stop of ar; it runs again")
         if self.baseline and self.ledger.best_kept() is None and not any(
@@ -458,7 +462,8 @@ class Loop:
             untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
                 10 if self.profile.name == "gpu" else 2),
             max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
-            objective=self.cfg.objective)
+            objective=self.cfg.objective, trusted_code=x.trusted_code,
+            compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None)
 
     # --------------------------------------------------------------------------------------- helpers
     def budget(self, spec_budget: float | None) -> float:

@@ -60,6 +60,7 @@ class Experiment:
     verdict: evaluate.Verdict | None = None       # the trusted evaluator's record
     has_checkpoint: bool = False
     agent_usage: Usage | None = None              # what the proposal's agent spent (recorded even when refused)
+    trusted_code: bool = False                    # the user's commit or ar's knob edits of it (compile_cache.py)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .. import compile_cache
 from ..gitops import GitRepo
 from ..harness import sandbox
 from ..harness.data import train_view
@@ -60,6 +61,11 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None) 
     return ws, (train_view(tok_dir, ws.data) if tok_dir is not None else [])   # None: a command objective
 
 
+def seed_compile_cache(req: RunRequest, ws: Workspace) -> int:
+    """Copy the trusted compile store into the run's scratch caches (bytes copied; 0 without a store)."""
+    return compile_cache.seed(req.compile_store, ws.scratch / "cache") if req.compile_store else 0
+
+
 def remove_workspace(ws: Workspace) -> None:
     shutil.rmtree(ws.root, ignore_errors=True)
 
@@ -86,6 +92,9 @@ class TrainOutcome:
     step_interval: float | None           # median gap between step lines as they arrived
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
+    started_at: float = 0.0               # wall clock: the process started
+    window_start: float | None = None     # wall clock: the first timed step's line arrived
+    checkpoint_at: float | None = None    # wall clock: the checkpoint last changed
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
@@ -135,4 +144,5 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
         over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
                  f"(TOTAL_BATCH_SIZE)")
-    return TrainOutcome(result, startup, trained, interval, over, req.sandbox)
+    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, t0_wall,
+                        t0_wall + startup if startup is not None else None, written)

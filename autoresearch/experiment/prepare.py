@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .. import faults, guards
+from .. import compile_cache, faults, guards
 from ..errors import ConfigError, GitError
 from ..gitops import short
+from ..harness.env import default_cache
 from ..knobs import read_knobs, set_knobs
 from ..ledger import Row, Status
 from ..proposers import Context, Proposal, ProposalFailed
@@ -140,7 +141,8 @@ def _agent_policy(lp) -> dict | None:
     if not lp.sandboxed:
         return None
     data = [str(lp.tok_dir.parent)] if lp.tok_dir is not None else []     # None: a command objective
-    return {"deny": [*data, str(settle.private_path(lp).parent)],
+    store = str(compile_cache.store_dir(default_cache()).parent)            # what trusted runs compiled
+    return {"deny": [*data, str(settle.private_path(lp).parent), store],
             "read_only": [str(lp.fingerprint.package_dir)], "network": True}
 
 
@@ -179,6 +181,25 @@ def _replay(ctx: SlotContext, x: Experiment) -> Proposal | str:
     return Proposal(x.description)
 
 
+def trusted_code(lp, x: Experiment) -> bool:
+    """Whether x's tree is code the runner trusts (then what its run compiles may be kept for later runs):
+    the user's baseline commit, a re-run of a trusted commit, or ar's own knob edit (a queued knob point, the
+    grid/random/strategy proposers) of a trusted parent. An agent's commit and everything built on it are not.
+    A trusted commit joins the session's set, so a knob edit of a knob edit stays trusted."""
+    spec, trusted = x.spec, lp.trusted_commits
+    if spec.kind in ("baseline", "rerun"):
+        ok = x.sha in trusted
+    elif spec.kind == "knobs" or (spec.kind == "propose" and spec.payload.get("proposer") in BUILTIN_PROPOSERS
+                                  and lp.proposer is not None and lp.proposer.name in BUILTIN_PROPOSERS):
+        replayed = spec.payload.get("replay")
+        ok = x.parent in trusted and (replayed is None or replayed in trusted)
+    else:
+        ok = False
+    if ok:
+        trusted.add(x.sha)
+    return ok
+
+
 def _train_and_classify(lp, ctx: SlotContext, x: Experiment):
     """Steps 5-6 for a committed experiment: (result, failure status or None, reason, metrics, budget, seed)."""
     spec = x.spec
@@ -191,6 +212,7 @@ def _train_and_classify(lp, ctx: SlotContext, x: Experiment):
         ctx.git.keep_ref(lp.tag, spec.id, x.sha)
         (x.exp_dir / "diff.patch").write_text(ctx.git.diff(x.parent, x.sha)[:DIFF_CAP])
     x.knobs = safe_knobs(ctx.root / lp.train_file)
+    x.trusted_code = trusted_code(lp, x)
     budget = lp.budget(x.time_budget)
     seed = lp.cfg.seed if x.seed is None else int(x.seed)
     write_json(x.exp_dir / "spec.json", {"id": spec.id, "kind": spec.kind, "payload": spec.payload,

@@ -8,15 +8,18 @@ may not); a reason there, or a changed package or data, means the checkpoint is 
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .. import compile_cache
 from ..gitops import GitRepo
 from ..harness import checkpoint
 from ..integrity import Fingerprint
 from ..request import RunRequest
 from . import command, evaluate, execute
+from .context import write_json
 
 
 @dataclass
@@ -34,7 +37,9 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
               server: evaluate.Server) -> Trial:
     if req.objective.custom:
         return _command_trial(req, git, work_root, exp_dir, fingerprint, on_line, after_run)
+    t_prepare = time.time()
     ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
+    seeded = execute.seed_compile_cache(req, ws)
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
@@ -42,7 +47,16 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
         has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
               and has_ckpt)
+        t_eval = time.time()
         verdict = ev.finish(go=ok)
+        t_scored = time.time()
+        adopted = (compile_cache.adopt(ws.scratch / "cache", req.compile_store)
+                   if ok and req.trusted_code and req.compile_store else 0)
+        write_json(exp_dir / "timing.json", {
+            "prepare": t_prepare, "process_start": out.started_at, "window_start": out.window_start,
+            "checkpoint": out.checkpoint_at, "process_exit": out.started_at + out.result.wall_seconds,
+            "eval_start": t_eval, "eval_done": t_scored, "done": time.time(), "cache_seeded_bytes": seeded,
+            "cache_adopted_files": adopted, "trusted_code": req.trusted_code})
     finally:
         for name, src in (("eval.log", ws.job / "eval.log"),):
             if src.is_file():

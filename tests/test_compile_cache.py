@@ -1,0 +1,95 @@
+"""The trusted compile cache through the real loop: real repos, the real sandbox, the scripted train stand-in.
+
+The stand-in lists what it finds in its inductor cache folder, then writes an entry named after its knobs. What
+a trusted run (the baseline, ar's knob edits of it) writes reaches later runs as a copy; what an agent's run
+writes reaches none; nothing a run writes into its copy changes the store."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from autoresearch import compile_cache
+from autoresearch.harness.env import default_cache
+from autoresearch.proposers.agent import AgentProposer
+from autoresearch.session import Loop
+
+from test_loop import AGENTS, _isolated, cfg, make_repo, statuses  # noqa: F401  (autouse fixture)
+
+PROBE = '''
+def _probe():
+    _cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    print("cache saw:", json.dumps(sorted(os.listdir(_cache)) if os.path.isdir(_cache) else []), flush=True)
+    os.makedirs(_cache, exist_ok=True)
+    with open(os.path.join(_cache, f"entry-lr{LR_MULT}"), "w") as _f:
+        _f.write("compiled")
+    for _name in os.listdir(_cache):          # a run may scribble over its copy: the store must not change
+        if _name != f"entry-lr{LR_MULT}":
+            with open(os.path.join(_cache, _name), "w") as _f:
+                _f.write("poisoned")
+'''
+
+
+def probe_repo(tmp_path: Path) -> Path:
+    root = make_repo(tmp_path)
+    text = (root / "train.py").read_text().replace('if __name__ == "__main__":', PROBE + '\nif __name__ == "__main__":\n    _probe()')
+    (root / "train.py").write_text(text)
+    import subprocess
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "probe"], cwd=root, check=True)
+    return root
+
+
+def seen(root: Path, tag: str = "t") -> dict[int, list[str]]:
+    out = {}
+    for log in sorted((root / "runs" / tag).glob("[0-9][0-9][0-9][0-9]-*/train.log")):
+        m = re.search(r"cache saw: (\[.*\])", log.read_text())
+        out[int(log.parent.name[:4])] = json.loads(m.group(1)) if m else None
+    return out
+
+
+def test_trusted_runs_fill_the_store_an_agents_run_does_not(tmp_path):
+    root = probe_repo(tmp_path)
+    agent = " ".join(shlex.quote(a) for a in (sys.executable, str(AGENTS / "by_experiment.py"),
+                                              json.dumps({"3": {"LR_MULT": "2.0"}}), "{prompt_file}"))
+    with Loop(cfg(), root, "t", AgentProposer(agent, timeout=30)) as lp:
+        lp.enqueue_knobs({"LR_MULT": 0.9})          # ar's own knob edit of the baseline: trusted
+        lp.run(max_experiments=3)                   # 1 baseline, 2 the knob edit, 3 the agent's LR_MULT 2.0
+    with Loop(cfg(), root, "t") as lp:              # a later session: a knob edit of the best again
+        lp.enqueue_knobs({"LR_MULT": 1.2})
+        lp.run(max_experiments=1)
+    assert len(statuses(root)) == 4
+    s = seen(root)
+    assert s[1] == []                                       # the first run of all compiles cold
+    assert s[2] == ["entry-lr1.0"]                          # the baseline's entry, as a copy
+    assert s[3] == ["entry-lr0.9", "entry-lr1.0"]           # the agent's run reads the trusted store...
+    assert "entry-lr2.0" not in s[4]                        # ...but what it compiled reaches no later run
+    assert s[4] == ["entry-lr0.9", "entry-lr1.0"]
+    store = compile_cache.store_dir(default_cache())
+    assert sorted(p.name for p in (store / "inductor").iterdir()) == ["entry-lr0.9", "entry-lr1.0", "entry-lr1.2"]
+    assert {p.read_text() for p in (store / "inductor").iterdir()} == {"compiled"}   # scribbles stayed in copies
+    timing = json.loads(next((root / "runs" / "t").glob("0003-*/timing.json")).read_text())
+    assert timing["trusted_code"] is False and timing["cache_adopted_files"] == 0
+    timing = json.loads(next((root / "runs" / "t").glob("0002-*/timing.json")).read_text())
+    assert timing["trusted_code"] is True and timing["cache_adopted_files"] == 1
+    assert timing["process_start"] <= timing["window_start"] <= timing["checkpoint"] <= timing["eval_done"]
+
+
+def test_the_agent_cannot_reach_the_store(tmp_path):
+    """The agent runs outside the training sandbox: its own sandbox denies the store like the dataset."""
+    from autoresearch.experiment.prepare import _agent_policy
+    root = probe_repo(tmp_path)
+    with Loop(cfg(), root, "t") as lp:
+        deny = _agent_policy(lp)["deny"]
+    assert str(compile_cache.store_dir(default_cache()).parent) in deny
+    assert compile_cache.store_dir(default_cache()).is_dir()    # made at open, so the sandbox denies it as it is
+
+
+def test_no_compile_cache_means_cold(tmp_path):
+    root = probe_repo(tmp_path)
+    with Loop(cfg(compile_cache=False), root, "t") as lp:
+        lp.enqueue_knobs({"LR_MULT": 0.9})
+        lp.run(max_experiments=2)
+    assert seen(root) == {1: [], 2: []}
