@@ -46,7 +46,8 @@ def test_parse_gpus():
     assert [s.gpu for s in parse_gpus("0,3", probe=False)] == [0, 3]
     assert parse_gpus("cpu:2")[1].env == {"CUDA_VISIBLE_DEVICES": ""}
     assert Slot(1, 3).env == {"CUDA_VISIBLE_DEVICES": "3"} and Slot(1, 3).label == "GPU 3"
-    for bad, msg in (("0,0", "twice"), ("gpu", "GPU indices"), ("cpu:0", "1 to 64")):
+    assert [s.gpu for s in parse_gpus("0,0", probe=False)] == [0, 0]     # two slots that take turns on GPU 0
+    for bad, msg in (("0,0,0", "twice at most"), ("gpu", "GPU indices"), ("cpu:0", "1 to 64")):
         with pytest.raises(ConfigError, match=msg):
             parse_gpus(bad, probe=False)
 
@@ -201,6 +202,28 @@ def test_gpu_slots_pin_and_lock(tmp_path):
     assert devices == ["0", "0", "1"]       # the baseline alone on GPU 0, then one experiment per GPU
     with RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x"):
         pass                                 # given back when the loop closed
+
+
+def test_two_slots_on_one_gpu_take_turns(tmp_path):
+    """`--gpus 0,0`: never two training processes on the GPU at once, but the next experiment's proposal and
+    workspace overlap a training, and its process starts while the last one is still being evaluated."""
+    root = make_repo(tmp_path)
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=1.0), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
+    with lp:
+        for lr in (1.5, 0.8, 1.2, 0.9):
+            lp.enqueue_knobs({"LR_MULT": lr})
+        lp.run()
+    rows = assert_consistent(root)
+    assert len(rows) == 5
+    windows = sorted(window(root, r) for r in rows)
+    assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:])), windows      # one training at a time
+    timing = [json.loads((root / "runs" / "t" / f"{r.exp_id:04d}-{r.commit}" / "timing.json").read_text())
+              for r in sorted(rows, key=lambda r: r.exp_id)]
+    pairs = list(zip(timing[1:], timing[2:]))
+    assert any(b["prepare"] < a["process_exit"] for a, b in pairs)      # prepared while the other trained
+    assert any(b["process_start"] < a["eval_done"] for a, b in pairs)   # started while the other was scored
+    with RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x"):
+        pass                                 # one lock for the shared GPU, given back
 
 
 def test_status_shows_every_slot(tmp_path):

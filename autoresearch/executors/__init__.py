@@ -2,6 +2,8 @@
 
 A slot runs one experiment at a time. `parse_gpus` turns `--gpus` into slots:
     "0,1"   GPUs 0 and 1 (CUDA_VISIBLE_DEVICES pinned per slot, a machine-wide lock per GPU)
+    "0,0"   two slots on GPU 0 that take turns training: one experiment is proposed (an agent thinks) and
+            evaluated while the other trains, so the GPU waits for neither (executors/local.py: GpuTurn)
     "all"   every GPU nvidia-smi lists
     "cpu:N" N slots without a GPU (CUDA_VISIBLE_DEVICES empty): tests, CPU-only machines, the cpu profile
     "ray:N" (Ray only) N experiments in flight on the cluster
@@ -71,8 +73,8 @@ def parse_gpus(spec: str, *, probe: bool = True, where: str = "--gpus") -> list[
     if not re.fullmatch(r"\d+(,\d+)*", spec):
         raise ConfigError(f"{where} must be GPU indices (0,1,…), all, cpu:N or ray:N, not {spec!r}")
     ids = [int(x) for x in spec.split(",")]
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"{where}: GPU {ids[0]} is listed twice")
+    if any(ids.count(g) > 2 for g in ids):
+        raise ConfigError(f"{where}: a GPU may be listed twice at most (two slots that take turns on it)")
     if probe:
         found = visible_gpus()
         missing = [g for g in ids if g not in found]

@@ -1,6 +1,8 @@
 """Slots on this machine. `InlineExecutor`: one slot, the repository itself (the default: one experiment at
 a time on the GPU the process sees). `LocalExecutor`: one git worktree per slot, CUDA_VISIBLE_DEVICES
-pinned, one lock per GPU.
+pinned, one lock per GPU. Two slots on one GPU (`--gpus 0,0`) take turns (`GpuTurn`): a slot holds the GPU
+from its training process's start to its exit, so one slot's proposal (an agent's thinking), workspace and
+evaluation overlap the other's training, and no two training processes ever share the GPU.
 
 Each slot's worktree is runs/<tag>/worktrees/slot-<i> (ignored with runs/), on a detached HEAD; it shares
 the repository's objects and refs, so a commit made there is the commit the main branch moves to when it is
@@ -11,6 +13,7 @@ beside the repo lock, so two loops never share a GPU.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections import deque
 
@@ -27,6 +30,26 @@ from ..experiment.trial import run_trial
 from . import Slot
 
 TAIL_LINES = 64     # the run's last output lines, kept for a log the size cap cut short
+
+
+class GpuTurn:
+    """The turn of the slots that share one GPU: `take()` waits for it (False when the session is stopping:
+    then nothing may start), `give_back()` passes it on. First come, first served."""
+
+    def __init__(self, stopping: threading.Event):
+        self._lock, self._stopping = threading.Lock(), stopping
+
+    def take(self) -> bool:
+        while not self._lock.acquire(timeout=0.2):
+            if self._stopping.is_set():
+                return False
+        if self._stopping.is_set():
+            self._lock.release()
+            return False
+        return True
+
+    def give_back(self) -> None:
+        self._lock.release()
 
 
 class InlineExecutor:
@@ -56,16 +79,18 @@ class LocalExecutor:
     def __init__(self, slots: list[Slot]):
         self.slots = slots
         self._locks: list[RepoLock] = []
+        self._turns: dict[int, GpuTurn] = {}
 
     def open(self, loop) -> None:
         """Take every slot's GPU lock, then make (or reuse) every slot's worktree."""
+        gpus = [s.gpu for s in self.slots if s.gpu is not None]
+        self._turns = {g: GpuTurn(loop.stopping) for g in set(gpus) if gpus.count(g) > 1}
         try:
-            for s in self.slots:
-                if s.gpu is not None:
-                    lock = RepoLock(gpu_lock_path(default_cache(), s.gpu), tag=loop.tag, command=loop.command,
-                                    extra={"repo": str(loop.root)}, label=f"on GPU {s.gpu}")
-                    lock.acquire()
-                    self._locks.append(lock)
+            for gpu in dict.fromkeys(gpus):           # one lock per GPU, however many slots share it
+                lock = RepoLock(gpu_lock_path(default_cache(), gpu), tag=loop.tag, command=loop.command,
+                                extra={"repo": str(loop.root)}, label=f"on GPU {gpu}")
+                lock.acquire()
+                self._locks.append(lock)
         except BaseException:
             self.close()
             raise
@@ -88,7 +113,7 @@ class LocalExecutor:
         return GitRepo(path)
 
     def train(self, loop, ctx, x, budget: float, seed: int):
-        return train_here(loop, ctx, x, budget, seed)
+        return train_here(loop, ctx, x, budget, seed, turn=self._turns.get(ctx.slot.gpu))
 
     def close(self) -> None:
         for lock in reversed(self._locks):
@@ -103,7 +128,7 @@ def clean_worktree(repo: GitRepo, sha: str) -> None:
     repo._git("clean", "-fdq")
 
 
-def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int):
+def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, turn: GpuTurn | None = None):
     """Step 5 on this machine (the local executors' train): train in a fresh sandboxed workspace on ar's
     clock, then the slot's trusted evaluator scores the checkpoint. Returns (run result, the status that
     stopped it early or None)."""
@@ -144,7 +169,8 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int):
 
     trial = run_trial(req, ctx.git, work_root=lp.paths.workspace(x.spec.id),
                       exp_dir=x.exp_dir, manifest=lp.fingerprint.eval_files, fingerprint=lp.fingerprint,
-                      on_line=on_line, allowance=lp.allowance, after_run=after_run, server=ctx.server)
+                      on_line=on_line, allowance=lp.allowance, after_run=after_run, server=ctx.server,
+                      turn=turn)
     settle.take(lp, x, trial)
     out = trial.outcome
     if x.verdict.holdout_bpb is not None:

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +32,7 @@ from ..harness import sandbox
 from ..harness.data import train_view
 from ..request import RunRequest
 from ..metrics import parse_step
-from ..runner import RunResult, run_training
+from ..runner import STOP_INTERRUPTED, RunResult, run_training
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,16 @@ class TrainOutcome:
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
     started_at: float = 0.0               # wall clock: the process started
-    window_start: float | None = None     # wall clock: the first timed step's line arrived
+    window_start: float | None = None     # wall clock: the last warm-up step's line arrived (ar's clock)
+    phases: dict = field(default_factory=dict)   # wall clock of other marks: model built, first and last step
     checkpoint_at: float | None = None    # wall clock: the checkpoint last changed
+
+
+def not_started(req: RunRequest, log_path: Path) -> TrainOutcome:
+    """The outcome of a run that a stop cancelled before its process started (it waited for its GPU)."""
+    log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on the GPU)\n")
+    result = RunResult(None, False, STOP_INTERRUPTED, 0.0, log_path, False)
+    return TrainOutcome(result, None, 0.0, None, None, req.sandbox, started_at=time.time())
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
@@ -108,9 +116,12 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
     arrivals: list[float] = []
     timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
+    built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)
     t0, t0_wall = time.monotonic(), time.time()
 
     def clocked(line: str) -> str | None:
+        if line.startswith("model:") and not built:       # train.py's line once the model is built
+            built.append(time.monotonic() - t0)
         if line.startswith("step "):
             now = time.monotonic() - t0
             arrivals.append(now)
@@ -144,5 +155,9 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
         over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
                  f"(TOTAL_BATCH_SIZE)")
-    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, t0_wall,
-                        t0_wall + startup if startup is not None else None, written)
+    phases = {"model_built": t0_wall + built[0] if built else None,
+              "first_step": t0_wall + arrivals[0] if arrivals else None,
+              "last_step": t0_wall + arrivals[-1] if arrivals else None}
+    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, started_at=t0_wall,
+                        window_start=t0_wall + startup if startup is not None else None, checkpoint_at=written,
+                        phases=phases)

@@ -34,7 +34,9 @@ class Trial:
 def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, manifest: dict,
               fingerprint: Fingerprint | None, on_line: Callable[[str], str | None] | None = None,
               allowance: float | None = None, after_run: Callable[[], str | None] | None = None,
-              server: evaluate.Server) -> Trial:
+              server: evaluate.Server, turn=None) -> Trial:
+    """`turn`: the slot's turn on a GPU that slots share (executors.local.GpuTurn), held from the training
+    process's start to its exit; the evaluation runs after it is given back."""
     if req.objective.custom:
         return _command_trial(req, git, work_root, exp_dir, fingerprint, on_line, after_run)
     t_prepare = time.time()
@@ -42,7 +44,15 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     seeded = execute.seed_compile_cache(req, ws)
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
-        out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line, allowance=allowance)
+        if turn is not None and not turn.take():     # a stop came while waiting for the GPU: nothing ran
+            out = execute.not_started(req, exp_dir / "train.log")
+        else:
+            try:
+                out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
+                                  allowance=allowance)
+            finally:
+                if turn is not None:
+                    turn.give_back()
         tampered, broken = _after_checks(after_run, fingerprint)
         has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
@@ -53,7 +63,7 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
         adopted = (compile_cache.adopt(ws.scratch / "cache", req.compile_store)
                    if ok and req.trusted_code and req.compile_store else 0)
         write_json(exp_dir / "timing.json", {
-            "prepare": t_prepare, "process_start": out.started_at, "window_start": out.window_start,
+            "prepare": t_prepare, "process_start": out.started_at, **out.phases, "window_start": out.window_start,
             "checkpoint": out.checkpoint_at, "process_exit": out.started_at + out.result.wall_seconds,
             "eval_start": t_eval, "eval_done": t_scored, "done": time.time(), "cache_seeded_bytes": seeded,
             "cache_adopted_files": adopted, "trusted_code": req.trusted_code})

@@ -1,0 +1,95 @@
+"""Where the time between training windows goes, from the `timing.json` ar writes for every experiment.
+
+    python bench/loop_gaps.py RUNS_DIR/TAG [--json OUT]
+
+Per experiment: workspace (prepare -> process start), start-up split at the model line and the first step
+(imports + data + build, compile, warm-up steps), the timed window, save (last step -> checkpoint), exit,
+evaluation (the evaluator's go -> its record), and the GPU idle gap: the previous window's end (its last step
+line) to this window's start (ar's clock). Medians at the end, and experiments per hour at a 300-s budget
+computed from the median gap.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def load(tag_dir: Path) -> list[dict]:
+    rows = {}
+    results = tag_dir / "results.tsv"
+    if results.exists():
+        with open(results) as f:
+            for r in csv.DictReader(f, delimiter="\t"):
+                rows[int(r["exp_id"])] = r
+    out = []
+    for t in sorted(tag_dir.glob("[0-9][0-9][0-9][0-9]-*/timing.json")):
+        exp = int(t.parent.name[:4])
+        d = json.loads(t.read_text())
+        d["exp"], d["row"] = exp, rows.get(exp, {})
+        out.append(d)
+    return out
+
+
+def span(d: dict, a: str, b: str) -> float | None:
+    return d[b] - d[a] if d.get(a) is not None and d.get(b) is not None else None
+
+
+def table(tag_dir: Path) -> dict:
+    exps = load(tag_dir)
+    by_window = sorted((d for d in exps if d.get("window_start")), key=lambda d: d["window_start"])
+    prev = None
+    for d in by_window:
+        d["gap"] = d["window_start"] - prev["last_step"] if prev and prev.get("last_step") else None
+        d["eval_overlaps_window"] = bool(prev and prev.get("eval_done") and prev["eval_done"] > d["window_start"])
+        prev = d
+    cols = [("workspace", "prepare", "process_start"), ("to model", "process_start", "model_built"),
+            ("compile", "model_built", "first_step"), ("warm-up", "first_step", "window_start"),
+            ("window", "window_start", "last_step"), ("save", "last_step", "checkpoint"),
+            ("exit", "checkpoint", "process_exit"), ("eval", "eval_start", "eval_done")]
+    lines = ["| exp | status | trusted | seeded MB | " + " | ".join(c[0] for c in cols) + " | tok/s | GPU idle gap |",
+             "|" + " --- |" * (len(cols) + 6)]
+    for d in exps:
+        r = d["row"]
+        cells = [span(d, a, b) for _, a, b in cols]
+        lines.append(f"| {d['exp']} | {r.get('status', '?')} | {'yes' if d.get('trusted_code') else 'no'} | "
+                     f"{d.get('cache_seeded_bytes', 0) / 2**20:.0f} | "
+                     + " | ".join("–" if c is None else f"{c:.1f}" for c in cells)
+                     + f" | {r.get('tokens_per_s') or '–'} | "
+                     + ("–" if d.get("gap") is None else f"{d['gap']:.1f}" + (" (eval overlapped)" if d.get(
+                         "eval_overlaps_window") else "")) + " |")
+    gaps = [d["gap"] for d in by_window if d.get("gap") is not None]
+    summary = {"experiments": len(exps), "gaps": gaps,
+               "median_gap": statistics.median(gaps) if gaps else None,
+               "phase_medians": {c[0]: statistics.median(v) for c in cols
+                                 if (v := [x for d in exps[1:] if (x := span(d, c[1], c[2])) is not None])},
+               "tokens_per_s": [float(d["row"]["tokens_per_s"]) for d in exps if d["row"].get("tokens_per_s")],
+               "eval_overlaps": sum(d.get("eval_overlaps_window", False) for d in by_window)}
+    if summary["median_gap"] is not None:
+        summary["experiments_per_hour_at_300s"] = 3600 / (300 + summary["median_gap"])
+    lines.append("")
+    lines.append(f"median GPU idle gap {summary['median_gap'] and round(summary['median_gap'], 1)} s over "
+                 f"{len(gaps)} gaps; experiments/hour at a 300-s budget: "
+                 f"{summary.get('experiments_per_hour_at_300s', 0):.2f}; phase medians (after the first): "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in summary["phase_medians"].items()))
+    summary["table"] = "\n".join(lines)
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("tag_dir", type=Path)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    s = table(a.tag_dir)
+    print(s["table"])
+    if a.json:
+        a.json.write_text(json.dumps(s, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
