@@ -2,7 +2,7 @@
 # `ar run` end to end on one GPU, as root and as a normal user, and where the time between training windows
 # goes (bench/loop_gaps.py over each run's timing.json). One call on the GPU host, from the repo root:
 #   RUNS="root:serial:strategy:3 user:serial:strategy:4 user:0,0:agent30:4"  BUDGET=20  bash bench/gpu_loop.sh
-# Each entry is who:slots:proposer:experiments (slots: serial, or a --gpus value such as 0,0; proposer:
+# Each entry is who:slots:proposer:experiments[:budget] (slots: serial, or a --gpus value such as 0,0; proposer:
 # strategy, or agentN: the scripted agent of bench/agents/slow_agent.py thinking N s per proposal).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -10,20 +10,23 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; chmod 777 "$OUT"
 BUDGET=${BUDGET:-20}; RUNS=${RUNS:-"root:serial:strategy:3 user:serial:strategy:4"}
 REPO=$PWD
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+if [[ -z ${SKIP_INSTALL:-} ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+fi
 date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
 python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 export AR_CACHE=/tmp/arcache
-python3 -m autoresearch prepare builtin-site --vocab-size 8192 --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
+python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
 id bench >/dev/null 2>&1 || useradd -m bench
 chmod 755 /tmp/arcache
+printf 'dataset: builtin-site\n' > /tmp/bench-ar.yaml; chmod 644 /tmp/bench-ar.yaml
 n=0
 for run in $RUNS; do
-  IFS=: read -r who slots proposer count <<<"$run"; n=$((n+1)); tag="r$n"
+  IFS=: read -r who slots proposer count budget <<<"$run"; n=$((n+1)); tag="r$n"; budget=${budget:-$BUDGET}
   ws=/tmp/ws-$tag; rm -rf "$ws"
-  args=(--tag "$tag" --max-experiments "$count" --time-budget "$BUDGET" --calibrate-noise 0 --dataset builtin-site)
+  args=(--tag "$tag" --max-experiments "$count" --time-budget "$budget" --calibrate-noise 0 --config /tmp/bench-ar.yaml)
   [[ $slots != serial ]] && args+=(--gpus "$slots")
   if [[ $proposer == agent* ]]; then args+=(--agent "python3 $REPO/bench/agents/slow_agent.py ${proposer#agent} {prompt_file}"); fi
   if [[ $who == user ]]; then
@@ -38,7 +41,7 @@ for run in $RUNS; do
     start=$(date +%s)
     (cd "$ws" && python3 -m autoresearch run "${args[@]}") > "$OUT/$tag.log" 2>&1
   fi
-  echo "== $tag: $run, ${BUDGET}-s budget: ar run took $(( $(date +%s) - start )) s"
+  echo "== $tag: $run, ${budget}-s budget: ar run took $(( $(date +%s) - start )) s"
   tail -3 "$OUT/$tag.log"
   python3 "$REPO/bench/loop_gaps.py" "$ws/runs/$tag" --json "$OUT/$tag.json" | tee "$OUT/$tag.md"
   grep -h "step 0000[12] \|model:" "$ws"/runs/$tag/0001-*/train.log | head -3
