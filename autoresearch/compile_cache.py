@@ -4,10 +4,15 @@ kernels), kept between runs only where the code that filled them is code the run
 Every run compiles in its own scratch folder, deleted afterwards. Without more, every run compiles cold (about
 30 s on an H200 for the default model). So:
 
-- `seed(store, scratch_cache)` copies the store into a run's scratch cache before it starts. A copy, never a
-  link: whatever the run writes lands in its own files and dies with its scratch folder.
+- every training run compiles into a folder of its own, `run_root(cache)`, deleted with its workspace. Its path
+  has the same length for every run on the machine, because compiled entries carry the absolute path they were
+  made under (a run that loads an entry made elsewhere looks for that folder, which its sandbox denies);
+- `seed(store, run_cache)` copies the store into a run's folder before it starts, with the store's placeholder
+  path swapped for the run's own (same length: pickles and shared objects stay valid). A copy, never a link:
+  whatever the run writes lands in its own files and dies with its folder;
 - `adopt(run_cache, store)` merges what a *trusted* run compiled into the store, after its process tree is
-  gone: new files only, each copied to a temporary name and renamed, so nothing already there is replaced.
+  gone, the run's path swapped for the placeholder: new files only, each written to a temporary name and
+  renamed, so nothing already there is replaced.
 
 Trusted means the run's tree is the user's baseline commit, or ar's own knob edits of a trusted commit (the
 strategy/grid/random proposers, queued knob points, sweep points, re-runs): the process that wrote the cache ran
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 from filelock import FileLock
@@ -38,8 +44,28 @@ def store_dir(cache: Path) -> Path:
     return cache / "compile" / f"torch-{torch_version}"
 
 
-def seed(store: Path, scratch_cache: Path) -> int:
-    """Copy the store into a run's scratch cache folder; the bytes copied."""
+RUNS = "runcache"
+
+
+def run_root(cache: Path) -> Path:
+    """A new run's compile folder: <cache>/runcache/<12 hex digits>, the same length for every run."""
+    return Path(cache).resolve() / RUNS / uuid.uuid4().hex[:12]
+
+
+def _placeholder(run_cache: Path) -> Path:
+    return run_cache.parent / ("_" * len(run_cache.name))
+
+
+def _copy_swapping(src: Path, dest: Path, old: bytes, new: bytes) -> int:
+    data = src.read_bytes()
+    dest.write_bytes(data.replace(old, new) if old in data else data)
+    return len(data)
+
+
+def seed(store: Path, run_cache: Path) -> int:
+    """Copy the store into a run's compile folder (made here); the bytes copied."""
+    run_cache.mkdir(parents=True, exist_ok=True)
+    old, new = str(_placeholder(run_cache)).encode(), str(run_cache).encode()
     copied = 0
     for sub in SUBDIRS:
         src = store / sub
@@ -47,13 +73,12 @@ def seed(store: Path, scratch_cache: Path) -> int:
             continue
         for root, dirs, files in os.walk(src):
             rel = Path(root).relative_to(store)
-            (scratch_cache / rel).mkdir(parents=True, exist_ok=True)
+            (run_cache / rel).mkdir(parents=True, exist_ok=True)
             for name in files:
                 if name.startswith(".tmp-"):
                     continue
                 try:
-                    shutil.copy2(Path(root) / name, scratch_cache / rel / name)   # copy2: mtimes keep their meaning
-                    copied += (scratch_cache / rel / name).stat().st_size
+                    copied += _copy_swapping(Path(root) / name, run_cache / rel / name, old, new)
                 except OSError:
                     pass       # an entry being renamed into place right now: the run compiles that one itself
     return copied
@@ -74,6 +99,7 @@ def adopt(run_cache: Path, store: Path) -> int:
     """Merge a trusted run's new cache files into the store (existing ones are never replaced); the number
     of files added. Symbolic links and lock files are skipped. Call once the run's processes are gone."""
     store.mkdir(parents=True, exist_ok=True)
+    old, new = str(run_cache).encode(), str(_placeholder(run_cache)).encode()
     added = 0
     with FileLock(str(store / ".lock"), timeout=60):
         if size(store) > MAX_BYTES:
@@ -93,7 +119,7 @@ def adopt(run_cache: Path, store: Path) -> int:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     tmp = dest.with_name(f".tmp-{os.getpid()}-{name}")
                     try:
-                        shutil.copyfile(path, tmp)
+                        _copy_swapping(path, tmp, old, new)
                         os.replace(tmp, dest)
                         added += 1
                     except OSError:
@@ -102,5 +128,6 @@ def adopt(run_cache: Path, store: Path) -> int:
 
 
 def clear(cache: Path) -> None:
-    """Drop every store (`ar doctor --clear-compile-cache`, or a test)."""
+    """Drop every store and run folder."""
     shutil.rmtree(cache / "compile", ignore_errors=True)
+    shutil.rmtree(cache / RUNS, ignore_errors=True)

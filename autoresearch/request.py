@@ -61,10 +61,12 @@ class RunRequest:
         """The most a last step that started inside the budget may run over it."""
         return 5.0 + 0.1 * self.time_budget
 
-    def to_environ(self, *, tok_view: Path, checkpoint_dir: Path, scratch: Path) -> dict[str, str]:
+    def to_environ(self, *, tok_view: Path, checkpoint_dir: Path, scratch: Path,
+                   cache: Path | None = None) -> dict[str, str]:
+        """`cache`: the run's compile caches (default scratch/cache; compile_cache.run_root for training)."""
         env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH}
         env.update(self.slot_env)
-        cache = scratch / "cache"
+        cache = cache or scratch / "cache"
         env.update(
             HOME=str(scratch), TMPDIR=str(scratch), XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1",
             PYTHONDONTWRITEBYTECODE="1",

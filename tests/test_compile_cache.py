@@ -24,8 +24,11 @@ def _probe():
     _cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     print("cache saw:", json.dumps(sorted(os.listdir(_cache)) if os.path.isdir(_cache) else []), flush=True)
     os.makedirs(_cache, exist_ok=True)
+    for _name in os.listdir(_cache):      # entries name the folder they were made in: now this run's own
+        with open(os.path.join(_cache, _name)) as _f:
+            print("cache path:", "own" if _f.read() == f"compiled in {_cache}" else "foreign", flush=True)
     with open(os.path.join(_cache, f"entry-lr{LR_MULT}"), "w") as _f:
-        _f.write("compiled")
+        _f.write(f"compiled in {_cache}")
     for _name in os.listdir(_cache):          # a run may scribble over its copy: the store must not change
         if _name != f"entry-lr{LR_MULT}":
             with open(os.path.join(_cache, _name), "w") as _f:
@@ -69,7 +72,10 @@ def test_trusted_runs_fill_the_store_an_agents_run_does_not(tmp_path):
     assert s[4] == ["entry-lr0.9", "entry-lr1.0"]
     store = compile_cache.store_dir(default_cache())
     assert sorted(p.name for p in (store / "inductor").iterdir()) == ["entry-lr0.9", "entry-lr1.0", "entry-lr1.2"]
-    assert {p.read_text() for p in (store / "inductor").iterdir()} == {"compiled"}   # scribbles stayed in copies
+    placeholder = f"compiled in {default_cache().resolve()}/runcache/{'_' * 12}/inductor"
+    assert {p.read_text() for p in (store / "inductor").iterdir()} == {placeholder}   # scribbles stayed in copies
+    logs = " ".join(p.read_text() for p in (root / "runs" / "t").glob("*/train.log"))
+    assert logs.count("cache path: own") == 5 and "foreign" not in logs
     timing = json.loads(next((root / "runs" / "t").glob("0003-*/timing.json")).read_text())
     assert timing["trusted_code"] is False and timing["cache_adopted_files"] == 0
     timing = json.loads(next((root / "runs" / "t").glob("0002-*/timing.json")).read_text())

@@ -43,17 +43,23 @@ class Workspace:
     scratch: Path
     data: Path              # the train-only view
     job: Path               # the evaluator's folder for this experiment (buffers, eval.log)
+    compile: Path | None = None   # the run's compile caches (compile_cache.run_root); None: scratch/cache
 
     @classmethod
-    def at(cls, root: Path) -> "Workspace":
-        return cls(root, root / "src", root / "checkpoint", root / "scratch", root / "data", root / "eval")
+    def at(cls, root: Path, compile: Path | None = None) -> "Workspace":
+        return cls(root, root / "src", root / "checkpoint", root / "scratch", root / "data", root / "eval", compile)
+
+    @property
+    def caches(self) -> Path:
+        return self.compile or self.scratch / "cache"
 
 
-def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None) -> tuple[Workspace, list[Path]]:
+def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None,
+                   compile_root: Path | None = None) -> tuple[Workspace, list[Path]]:
     """A fresh workspace for `commit`; also the real data files the run may read."""
     shutil.rmtree(root, ignore_errors=True)
-    ws = Workspace.at(root)
-    for d in (ws.src, ws.checkpoint, ws.scratch, ws.job):
+    ws = Workspace.at(root, compile_root)
+    for d in (ws.src, ws.checkpoint, ws.scratch, ws.job, ws.caches):
         d.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(git.root), "archive", "--format=tar", commit], capture_output=True,
                              check=True).stdout
@@ -63,17 +69,19 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None) 
 
 def seed_compile_cache(req: RunRequest, ws: Workspace) -> int:
     """Copy the trusted compile store into the run's scratch caches (bytes copied; 0 without a store)."""
-    return compile_cache.seed(req.compile_store, ws.scratch / "cache") if req.compile_store else 0
+    return compile_cache.seed(req.compile_store, ws.caches) if req.compile_store else 0
 
 
 def remove_workspace(ws: Workspace) -> None:
     shutil.rmtree(ws.root, ignore_errors=True)
+    if ws.compile is not None:
+        shutil.rmtree(ws.compile, ignore_errors=True)
 
 
 def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict:
     p = sandbox.base_policy()
     p["read"] += [str(ws.data), *map(str, data_files), str(req.cache / "probe")]
-    p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch)]
+    p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch), str(ws.caches)]
     return p
 
 
@@ -113,7 +121,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         policy = ws.root / "train-policy.json"
         policy.write_text(json.dumps(train_policy(req, ws, data_files)))
         cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
-    env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
+    env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch, cache=ws.caches)
     arrivals: list[float] = []
     timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
     built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)

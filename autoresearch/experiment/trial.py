@@ -40,7 +40,8 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     if req.objective.custom:
         return _command_trial(req, git, work_root, exp_dir, fingerprint, on_line, after_run)
     t_prepare = time.time()
-    ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir)
+    ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir,
+                                            compile_cache.run_root(req.cache) if req.compile_store else None)
     seeded = execute.seed_compile_cache(req, ws)
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
@@ -60,7 +61,7 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
         t_eval = time.time()
         verdict = ev.finish(go=ok)
         t_scored = time.time()
-        adopted = (compile_cache.adopt(ws.scratch / "cache", req.compile_store)
+        adopted = (compile_cache.adopt(ws.caches, req.compile_store)
                    if ok and req.trusted_code and req.compile_store else 0)
         write_json(exp_dir / "timing.json", {
             "prepare": t_prepare, "process_start": out.started_at, **out.phases, "window_start": out.window_start,
