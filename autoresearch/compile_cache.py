@@ -97,7 +97,15 @@ def size(store: Path) -> int:
 
 def adopt(run_cache: Path, store: Path) -> int:
     """Merge a trusted run's new cache files into the store (existing ones are never replaced); the number
-    of files added. Symbolic links and lock files are skipped. Call once the run's processes are gone."""
+    of files added. Symbolic links and lock files are skipped. Call once the run's processes are gone. A store
+    that cannot be written (another user's, a full disk) takes nothing: the next run compiles what it lacks."""
+    try:
+        return _adopt(run_cache, store)
+    except OSError:
+        return 0
+
+
+def _adopt(run_cache: Path, store: Path) -> int:
     store.mkdir(parents=True, exist_ok=True)
     old, new = str(run_cache).encode(), str(_placeholder(run_cache)).encode()
     added = 0
