@@ -37,6 +37,7 @@ ATTENTION = "auto"           # "auto", "cudnn", "flash", "efficient", "fa3" (Hop
 FUSED_CE = False             # loss a chunk of rows at a time (lm_head + softcap + cross-entropy): no full fp32 logits
 CE_CHUNK_ROWS = 32768        # tokens per chunk when FUSED_CE
 BF16_RESIDUAL = False        # CUDA: residual stream in bf16, half the traffic of the norm / residual kernels
+RELU2_KEEPS_OUTPUT = False   # ReLU² as one autograd op that saves only its output (relu = √out): no recompute
 
 # CPU profile (no GPU): the same knobs drive a model about 1/64 the size, so every experiment still means
 # something on a laptop: depth - CPU_DEPTH_OFFSET, batch / CPU_BATCH_DIVISOR, head size / 4.
@@ -201,7 +202,25 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * width, width, bias=False)
 
     def forward(self, x):
+        if RELU2_KEEPS_OUTPUT:
+            return self.proj(ReluSquare.apply(self.fc(x)))
         return self.proj(F.relu(self.fc(x)).square())
+
+
+class ReluSquare(torch.autograd.Function):
+    """relu(x)², keeping for backward only the output, which proj's backward keeps anyway: the gradient is
+    2·√out·grad, so neither x nor a recomputed square is needed (two fewer passes over the 4×width activations)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = F.relu(x).square()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return 2 * out.sqrt() * grad
 
 
 class Block(nn.Module):

@@ -155,10 +155,11 @@ def test_sliding_window_layers_on_cpu_use_a_banded_mask():
     assert not torch.allclose(windowed[:, 16:], full[:, 16:], atol=1e-5)
 
 
-def _tiny_step(train, *, fused: bool, softcap: float = 15.0, chunk: int = 100, compile_backend: str | None = None):
+def _tiny_step(train, *, fused: bool, softcap: float = 15.0, chunk: int = 100, compile_backend: str | None = None,
+               relu2: bool = False):
     """Loss and gradients of one backward on a tiny model whose weights are all non-zero (at init the blocks are
     the identity and some gradients are pure rounding noise, which would compare nothing)."""
-    train.FUSED_CE, train.CE_CHUNK_ROWS, train.SOFTCAP = fused, chunk, softcap
+    train.FUSED_CE, train.CE_CHUNK_ROWS, train.SOFTCAP, train.RELU2_KEEPS_OUTPUT = fused, chunk, softcap, relu2
     torch.manual_seed(0)
     cfg = train.make_config(vocab_size=512, seq_len=64, profile_name="cpu")
     model = train.build_model(cfg, "cpu")
@@ -184,10 +185,18 @@ def test_fused_ce_matches_the_reference_loss_and_gradients(softcap, chunk):
         assert grads[name] is not None and (grads[name] - g).norm() <= 1e-4 * g.norm(), name
 
 
-def test_fused_ce_traces_whole_under_torch_compile():
-    """The chunk loop and the autograd.Function compile as one graph (fullgraph: no graph break), same numbers."""
+def test_relu2_keeping_its_output_matches_the_reference_gradients():
     ref_loss, ref = _tiny_step(load_train(), fused=False)
-    loss, grads = _tiny_step(load_train(), fused=True, chunk=64, compile_backend="aot_eager")
+    loss, grads = _tiny_step(load_train(), fused=False, relu2=True)
+    assert abs(loss.item() - ref_loss.item()) < 1e-6
+    for name, g in ref.items():
+        assert (grads[name] - g).norm() <= 1e-5 * g.norm(), name
+
+
+def test_fused_ce_and_relu2_trace_whole_under_torch_compile():
+    """The chunk loop and both autograd.Functions compile as one graph (fullgraph: no graph break), same numbers."""
+    ref_loss, ref = _tiny_step(load_train(), fused=False)
+    loss, grads = _tiny_step(load_train(), fused=True, chunk=64, compile_backend="aot_eager", relu2=True)
     assert abs(loss.item() - ref_loss.item()) < 1e-5
     assert all((grads[n] - g).norm() <= 1e-4 * g.norm() for n, g in ref.items())
 
@@ -205,8 +214,10 @@ def test_fused_ce_leaves_evaluation_and_per_token_losses_alone():
 
 
 def test_cpu_profile_trains_with_the_mfu_knobs_on(tmp_path, tiny_dataset):
-    """FUSED_CE and BF16_RESIDUAL (a no-op on CPU) through the runner's knob rewrite, a whole CPU run."""
-    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="2", knobs={"FUSED_CE": True, "BF16_RESIDUAL": True})
+    """FUSED_CE, RELU2_KEEPS_OUTPUT and BF16_RESIDUAL (a no-op on CPU) through the runner's knob rewrite, a whole
+    CPU run."""
+    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="2",
+                           knobs={"FUSED_CE": True, "BF16_RESIDUAL": True, "RELU2_KEEPS_OUTPUT": True})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = summary_of(proc.stdout)
     assert int(s["num_steps"]) > 2 and (ckpt / checkpoint.MODEL_JSON).exists()
