@@ -57,6 +57,7 @@ def load_train(path: Path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("train_variant", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module            # dynamo imports a function's module by name when it inlines it
     spec.loader.exec_module(module)
     return module
 
