@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_train import with_knobs  # noqa: E402
 
-FAST = {"FUSED_CE": True, "BF16_RESIDUAL": True, "RELU2_KEEPS_OUTPUT": True}
+EXACT = {"FUSED_CE": True, "RELU2_KEEPS_OUTPUT": True}     # the two knobs that keep the default's numerics
+FAST = {**EXACT, "BF16_RESIDUAL": True}
 # (label, log2 of TOTAL_BATCH_SIZE, knob overrides, extra environment), most informative first: the plan stops
 # where the deadline would be passed, so the head of this list is what a short call measures.
 PLAN = [
@@ -37,6 +38,7 @@ PLAN = [
     ("fast", 19, FAST, {}),
     ("base", 17, {}, {}),
     ("fast", 17, FAST, {}),
+    ("exact", 19, EXACT, {}),
     ("fused_ce", 19, {"FUSED_CE": True}, {}),
     ("relu2", 19, {"RELU2_KEEPS_OUTPUT": True}, {}),
     ("bf16_residual", 19, {"BF16_RESIDUAL": True}, {}),
