@@ -51,7 +51,7 @@ PLAN = [
 STEPS = {19: 15, 17: 28}          # optimizer steps per run (UNTIMED of them compile and warm up)
 UNTIMED = 3
 VAL_ROWS = 256                    # fixed validation rows (× sequence length tokens), the same for every run
-COLUMNS = ("run", "batch", "micro", "MFU %", "tok/s", "step ms p10/med/p90", "VRAM MB", "1st step s",
+COLUMNS = ("run", "batch", "micro", "MFU %", "vs base", "tok/s", "step ms p10/med/p90", "VRAM MB", "1st step s",
            "train loss", "val loss", "val_bpb", "wall s")
 
 
@@ -181,6 +181,7 @@ def plan(args) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     only = set(filter(None, args.only.split(",")))
+    (out / "runs.log").write_text("")
     results, est = [], {}
     for label, log2, knobs, env_extra in PLAN:
         name = f"{label}@{log2}"
@@ -206,7 +207,7 @@ def plan(args) -> int:
             f.flush()
             try:
                 rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                    timeout=max(30.0, args.deadline - time.time() + 30)).returncode
+                                    timeout=max(30.0, args.deadline - time.time() + 15)).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         wall = time.time() - t0
@@ -233,13 +234,17 @@ def fmt(v, spec: str) -> str:
 
 def format_table(results: list[dict]) -> str:
     rows = [COLUMNS]
+    base = {(r["label"], r["batch"]): r["mfu"] for r in results if r.get("mfu") is not None}
     for r in results:
         batch = f"2**{int(math.log2(r['batch']))}" if r.get("batch") else "-"
         if "error" in r:
             rows.append((r["label"], batch, r["error"]))
             continue
         ms = "/".join(f"{v:.0f}" for v in r["step_ms"])
-        rows.append((r["label"], batch, r["micro"], fmt(r["mfu"], ".1f"), fmt(r["tokens_per_s"], ",.0f"), ms,
+        ref = base.get(("base-5090" if "5090" in r["label"] else "base", r["batch"]))
+        delta = None if ref is None or r["mfu"] is None else r["mfu"] - ref
+        rows.append((r["label"], batch, r["micro"], fmt(r["mfu"], ".1f"), fmt(delta, "+.1f"),
+                     fmt(r["tokens_per_s"], ",.0f"), ms,
                      fmt(r["peak_vram_mb"], ",.0f"), fmt(r["first_step_s"], ".1f"), fmt(r["train_loss"], ".4f"),
                      fmt(r["val_loss"], ".4f"), fmt(r["val_bpb"], ".4f"), fmt(r["wall_s"], ".0f")))
     widths = [max(len(str(row[i])) for row in rows if len(row) == len(COLUMNS)) for i in range(len(COLUMNS))]
