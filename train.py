@@ -37,7 +37,7 @@ ATTENTION = "auto"           # "auto", "cudnn", "flash", "efficient", "fa3" (Hop
 FUSED_CE = False             # loss a chunk of rows at a time (lm_head + softcap + cross-entropy): no full fp32 logits
 CE_CHUNK_ROWS = 32768        # tokens per chunk when FUSED_CE
 BF16_RESIDUAL = False        # CUDA: residual stream in bf16, half the traffic of the norm / residual kernels
-RELU2_KEEPS_OUTPUT = False   # ReLU² as one autograd op that saves only its output (relu = √out): no recompute
+RELU2_KEEPS_OUTPUT = False   # ReLU² as one autograd op that keeps only its output for backward (relu = √out)
 
 # CPU profile (no GPU): the same knobs drive a model about 1/64 the size, so every experiment still means
 # something on a laptop: depth - CPU_DEPTH_OFFSET, batch / CPU_BATCH_DIVISOR, head size / 4.
@@ -208,8 +208,8 @@ class MLP(nn.Module):
 
 
 class ReluSquare(torch.autograd.Function):
-    """relu(x)², keeping for backward only the output, which proj's backward keeps anyway: the gradient is
-    2·√out·grad, so neither x nor a recomputed square is needed (two fewer passes over the 4×width activations)."""
+    """relu(x)², keeping for backward only its output, which proj's backward keeps anyway (the gradient is
+    2·√out·grad). The compiled default writes and keeps relu(x) as well: one 4×width tensor per layer more."""
 
     @staticmethod
     def forward(ctx, x):
