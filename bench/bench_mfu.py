@@ -51,7 +51,7 @@ PLAN = [
 STEPS = {19: 15, 17: 28}          # optimizer steps per run (UNTIMED of them compile and warm up)
 UNTIMED = 3
 VAL_ROWS = 256                    # fixed validation rows (× sequence length tokens), the same for every run
-COLUMNS = ("run", "batch", "micro", "MFU %", "vs base", "tok/s", "step ms p10/med/p90", "VRAM MB", "1st step s",
+COLUMNS = ("run", "batch", "micro", "MFU %", "vs base", "tok/s", "step ms p10/med/p90", "VRAM MB", "GEMM %", "1st step s",
            "train loss", "val loss", "val_bpb", "wall s")
 
 
@@ -64,11 +64,11 @@ def load_train(path: Path):
     return module
 
 
-def measure(label: str, batch: int, knobs: dict, steps: int, untimed: int, val_rows: int) -> dict:
-    """One run of the variant: train.py's setup, `steps` optimizer steps, the eager validation score."""
-    import numpy as np
+def measure(label: str, batch: int, knobs: dict, steps: int, untimed: int, val_rows: int,
+            profile_steps: int = 1) -> dict:
+    """One run of the variant: train.py's setup, `steps` optimizer steps, the eager validation score, then
+    (CUDA) one more step under the profiler."""
     import torch
-    import torch.nn.functional as F
 
     from autoresearch.harness.data import check_prepared
     from autoresearch.harness.env import RunEnv
@@ -111,25 +111,52 @@ def measure(label: str, batch: int, knobs: dict, steps: int, untimed: int, val_r
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     times, losses, first_step_s = [], [], None
+
+    def train_step(step: int) -> float:
+        for _ in range(accum):
+            x, y = next(loader)
+            with T.autocast(device.type), T.attention_context(attention):
+                loss = step_model(x, y)
+            (loss / accum).backward()
+        optimizer.step(T.lr_scale(step / steps), T.muon_momentum(step))
+        optimizer.zero_grad()
+        return loss.item()                                # the per-step sync
+
     try:
         for step in range(steps):
             t0 = time.time()
-            for _ in range(accum):
-                x, y = next(loader)
-                with T.autocast(device.type), T.attention_context(attention):
-                    loss = step_model(x, y)
-                (loss / accum).backward()
-            optimizer.step(T.lr_scale(step / steps), T.muon_momentum(step))
-            optimizer.zero_grad()
-            losses.append(loss.item())
+            losses.append(train_step(step))
             times.append(time.time() - t0)
             first_step_s = first_step_s or time.time() - t_start
             print(f"step {step + 1}/{steps} loss {losses[-1]:.4f} dt {1000 * times[-1]:.1f} ms", flush=True)
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+        val_loss, val_bpb, val_tokens = validate(T, model, tok_dir, seq_len, val_rows, device, attention)
+        kernels = profile(lambda: train_step(steps - 1)) if cuda and profile_steps else None
     finally:
         loader.close()
-    peak_mb = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
 
-    # validation: the eager model on fixed rows, 32 rows per call like the evaluator
+    timed = sorted(times[untimed:]) or sorted(times)
+    dt = statistics.median(timed)
+    peak = T.lookup_peak(gpu_name, override=env.peak_tflops) if cuda else None
+    tps = total_batch / dt
+    return dict(label=label, batch=total_batch, knobs=knobs, micro=f"{accum}x{device_batch}", steps=steps,
+                tokens=steps * total_batch, tokens_per_s=tps,
+                mfu=T.mfu_percent(tps, model.flops_per_token(), peak.tflops if peak else None),
+                step_ms=[1000 * timed[len(timed) // 10], 1000 * dt, 1000 * timed[(9 * len(timed)) // 10]],
+                peak_vram_mb=peak_mb, first_step_s=first_step_s,
+                train_loss=statistics.mean(losses[-3:]), losses=losses,
+                val_loss=val_loss, val_bpb=val_bpb, val_tokens=val_tokens, kernels=kernels,
+                gpu=gpu_name, torch=torch.__version__, wall_s=time.time() - t_start)
+
+
+def validate(T, model, tok_dir: Path, seq_len: int, val_rows: int, device, attention: str):
+    """(val loss, val_bpb, tokens) of the eager model on fixed rows, 32 rows per call like the evaluator."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from autoresearch.harness.loader import PackedLoader
+
     token_bytes = torch.from_numpy(np.load(tok_dir / "token_bytes.npy").astype(np.int64)).to(device)
     nats, nbytes, ntok = 0.0, 0, 0
     per_call = min(32, val_rows)
@@ -142,24 +169,46 @@ def measure(label: str, batch: int, knobs: dict, steps: int, untimed: int, val_r
             b = token_bytes[y.flatten()]
             nats += float((ce * (b > 0)).sum())
             nbytes, ntok = nbytes + int(b.sum()), ntok + int((b > 0).sum())
+    return nats / max(1, ntok), nats / (math.log(2) * nbytes) if nbytes else None, ntok
 
-    timed = sorted(times[untimed:]) or sorted(times)
-    dt = statistics.median(timed)
-    peak = T.lookup_peak(gpu_name, override=env.peak_tflops) if cuda else None
-    tps = total_batch / dt
-    return dict(label=label, batch=total_batch, knobs=knobs, micro=f"{accum}x{device_batch}", steps=steps,
-                tokens=steps * total_batch, tokens_per_s=tps,
-                mfu=T.mfu_percent(tps, model.flops_per_token(), peak.tflops if peak else None),
-                step_ms=[1000 * timed[len(timed) // 10], 1000 * dt, 1000 * timed[(9 * len(timed)) // 10]],
-                peak_vram_mb=peak_mb, first_step_s=first_step_s,
-                train_loss=statistics.mean(losses[-3:]), losses=losses,
-                val_loss=nats / max(1, ntok), val_bpb=nats / (math.log(2) * nbytes) if nbytes else None,
-                val_tokens=ntok, gpu=gpu_name, torch=torch.__version__, wall_s=time.time() - t_start)
+
+def profile(step) -> dict | None:
+    """GPU time of one more optimizer step by kernel group (profile_step.py's groups) and the top kernels."""
+    import torch
+    from collections import defaultdict
+
+    from profile_step import group
+
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        totals = defaultdict(float)
+        for e in prof.key_averages():
+            us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if us and e.key and not e.key.startswith("ProfilerStep"):
+                totals[e.key] += us
+        whole = sum(totals.values()) or 1.0
+        groups = defaultdict(float)
+        for k, us in totals.items():
+            groups[group(k)] += us
+        top = sorted(totals.items(), key=lambda kv: -kv[1])[:12]
+        out = dict(step_ms=whole / 1000, groups={g: round(100 * us / whole, 1) for g, us in
+                                                 sorted(groups.items(), key=lambda kv: -kv[1])},
+                   top=[(round(100 * us / whole, 2), round(us / 1000, 2), k[:100]) for k, us in top])
+        print("profile: " + ", ".join(f"{g} {s}%" for g, s in out["groups"].items()), flush=True)
+        for share, ms, k in out["top"]:
+            print(f"  {share:6.2f}%  {ms:8.2f} ms  {k}", flush=True)
+        return out
+    except Exception as e:  # a profiler that fails must not cost the run's figures
+        print(f"profile failed: {type(e).__name__}: {e}", flush=True)
+        return None
 
 
 def one(args) -> int:
     try:
-        record = measure(args.label, args.batch, json.loads(args.knobs), args.steps, args.untimed, args.val_rows)
+        record = measure(args.label, args.batch, json.loads(args.knobs), args.steps, args.untimed, args.val_rows,
+                         args.profile)
     except Exception as e:  # the record says what failed; the plan goes on
         import traceback
         traceback.print_exc()
@@ -245,7 +294,8 @@ def format_table(results: list[dict]) -> str:
         delta = None if ref is None or r["mfu"] is None else r["mfu"] - ref
         rows.append((r["label"], batch, r["micro"], fmt(r["mfu"], ".1f"), fmt(delta, "+.1f"),
                      fmt(r["tokens_per_s"], ",.0f"), ms,
-                     fmt(r["peak_vram_mb"], ",.0f"), fmt(r["first_step_s"], ".1f"), fmt(r["train_loss"], ".4f"),
+                     fmt(r["peak_vram_mb"], ",.0f"), fmt((r.get("kernels") or {}).get("groups", {}).get("gemm"), ".1f"),
+                     fmt(r["first_step_s"], ".1f"), fmt(r["train_loss"], ".4f"),
                      fmt(r["val_loss"], ".4f"), fmt(r["val_bpb"], ".4f"), fmt(r["wall_s"], ".0f")))
     widths = [max(len(str(row[i])) for row in rows if len(row) == len(COLUMNS)) for i in range(len(COLUMNS))]
     lines = []
@@ -278,6 +328,7 @@ def main() -> int:
     o.add_argument("--untimed", type=int, default=UNTIMED)
     o.add_argument("--val-rows", type=int, default=VAL_ROWS)
     o.add_argument("--record", required=True)
+    o.add_argument("--profile", type=int, default=1, help="1: profile one more step after validation (CUDA)")
     args = ap.parse_args()
     return plan(args) if args.cmd == "plan" else one(args)
 
