@@ -34,6 +34,10 @@ FINAL_LR_FRAC = 0.0
 COMPILE_MODEL = "auto"       # True / False / "auto" (off on consumer Blackwell, where it has been broken)
 COMPILE_OPTIMIZER = "auto"   # compile the fused Muon update (CUDA only): True / False / "auto"
 ATTENTION = "auto"           # "auto", "cudnn", "flash", "efficient", "fa3" (Hopper, if installed), "math"
+FUSED_CE = False             # loss a chunk of rows at a time (lm_head + softcap + cross-entropy): no full fp32 logits
+CE_CHUNK_ROWS = 32768        # tokens per chunk when FUSED_CE
+BF16_RESIDUAL = False        # CUDA: residual stream in bf16, half the traffic of the norm / residual kernels
+RELU2_KEEPS_OUTPUT = False   # ReLU² as one autograd op that keeps only its output for backward (relu = √out)
 
 # CPU profile (no GPU): the same knobs drive a model about 1/64 the size, so every experiment still means
 # something on a laptop: depth - CPU_DEPTH_OFFSET, batch / CPU_BATCH_DIVISOR, head size / 4.
@@ -119,6 +123,39 @@ def apply_rotary(x, cos, sin):
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 
+class LinearSoftcapCE(torch.autograd.Function):
+    """Mean cross-entropy of softcap(x @ weight.T), a chunk of rows at a time. Each chunk's gradients are made
+    in the forward pass (the loss is all that leaves it), so the [rows, vocab] logits and their fp32 softmax
+    exist for one chunk only; backward scales the two stored gradients. Matmuls follow autocast, as lm_head's do."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, softcap: float, chunk_rows: int):
+        n, vocab = x.size(0), torch.arange(weight.size(0), device=x.device)
+        loss, grad_x, grad_w = x.new_zeros((), dtype=torch.float32), [], torch.zeros_like(weight)
+        for start in range(0, n, chunk_rows):
+            xc, tc = x[start:start + chunk_rows], targets[start:start + chunk_rows]
+            logits = F.linear(xc, weight)
+            z = logits.float()
+            if softcap:
+                t = torch.tanh(z / softcap)
+                z = softcap * t
+            lse = torch.logsumexp(z, dim=-1)
+            loss = loss + (lse - z.gather(1, tc[:, None]).squeeze(1)).sum()
+            g = (torch.exp(z - lse[:, None]) - (vocab == tc[:, None]).float()) / n   # d mean-loss / d z
+            if softcap:
+                g = g * (1 - t * t)
+            g = g.to(logits.dtype)
+            grad_x.append(g @ weight)
+            grad_w += (g.mT @ xc).float()
+        ctx.save_for_backward(torch.cat(grad_x).to(x.dtype), grad_w)
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad_loss, grad_w * grad_loss, None, None, None
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -165,7 +202,25 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * width, width, bias=False)
 
     def forward(self, x):
+        if RELU2_KEEPS_OUTPUT:
+            return self.proj(ReluSquare.apply(self.fc(x)))
         return self.proj(F.relu(self.fc(x)).square())
+
+
+class ReluSquare(torch.autograd.Function):
+    """relu(x)², keeping for backward only its output, which proj's backward keeps anyway (the gradient is
+    2·√out·grad). The compiled default writes and keeps relu(x) as well: one 4×width tensor per layer more."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = F.relu(x).square()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return 2 * out.sqrt() * grad
 
 
 class Block(nn.Module):
@@ -216,10 +271,15 @@ class GPT(nn.Module):
         T = idx.size(1)
         cos, sin = self.cos[:, :, :T], self.sin[:, :, :T]
         x = x0 = norm(self.wte(idx))
+        if BF16_RESIDUAL and x.is_cuda:
+            x = x0 = x.bfloat16()                # every block's output is bf16 under autocast anyway
         for i, block in enumerate(self.blocks):
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
             x = block(x, ve, cos, sin)
+        if FUSED_CE and targets is not None and reduction == "mean" and torch.is_grad_enabled():
+            return LinearSoftcapCE.apply(norm(x).flatten(0, 1), self.lm_head.weight, targets.reshape(-1),
+                                         self.cfg.softcap, CE_CHUNK_ROWS)
         logits = self.lm_head(norm(x)).float()
         if self.cfg.softcap:
             logits = self.cfg.softcap * torch.tanh(logits / self.cfg.softcap)

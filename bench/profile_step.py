@@ -1,6 +1,6 @@
 """Where one training step's GPU time goes: torch.profiler over a few steps of the default model.
 
-    python bench/profile_step.py --rows 128 --compile 1
+    python bench/profile_step.py --rows 128 --compile 1 [--knobs '{"FUSED_CE": true, "RELU2_KEEPS_OUTPUT": true}']
 Prints the top kernels and a grouping (GEMM, attention, fused elementwise, embedding, optimizer, other).
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import time
 from collections import defaultdict
@@ -49,10 +50,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--no-ve", action="store_true", help="value embeddings off")
     ap.add_argument("--mode", default=None, help="torch.compile mode")
+    ap.add_argument("--knobs", default="{}", help='train.py knobs to set, JSON: \'{"FUSED_CE": true}\'')
     args = ap.parse_args()
     train = load_train()
     if args.no_ve:
         train.VALUE_EMBEDS = False
+    for name, value in json.loads(args.knobs).items():
+        assert hasattr(train, name), name
+        setattr(train, name, value)
     cfg = train.make_config(8192, 2048, "gpu")
     model = train.build_model(cfg, "cuda")
     model.set_attention(args.attention, "cuda")
