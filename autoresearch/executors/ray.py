@@ -84,7 +84,9 @@ def run_on_worker(bundle: bytes, req, manifest: dict, allowance: float):
         cmd = list(req.train_command)
         if cmd and Path(cmd[0]).name.startswith("python"):
             cmd = [sys.executable, *cmd[1:]]        # the worker's interpreter, not the driver's path
-        req = dataclasses.replace(req, tok_dir=tok_dir, cache=default_cache(), train_command=tuple(cmd))
+        from .. import compile_cache        # this worker's own store: filled by trusted runs that ran here
+        req = dataclasses.replace(req, tok_dir=tok_dir, cache=default_cache(), train_command=tuple(cmd),
+                                  compile_store=compile_cache.store_dir(default_cache()) if req.compile_store else None)
         exp_dir = work / "exp"
         exp_dir.mkdir()
         steps: queue.Queue[str] = queue.Queue()
