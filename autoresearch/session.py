@@ -24,6 +24,7 @@ line. What `ar status` reads back is in status.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -52,7 +53,7 @@ from .objective import shown
 from .proposers import Proposer
 from .queue import ExperimentQueue, Spec
 from .request import RunRequest
-from .executors import Slot
+from .executors import Slot, turns_on_one_gpu
 from .executors.local import InlineExecutor
 from .experiment import evaluate, settle
 from .experiment.context import Event, Experiment, SlotContext, write_json
@@ -502,7 +503,16 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
         raise ConfigError("the objective needs a proposer: --agent claude|codex|aider|'COMMAND {prompt_file}', or "
                           "proposer grid or random with a search_space of the file's knobs")
     proposer = make_proposer(cfg)
+    turns = None
+    if (proposer.name == "agent" and cfg.gpus is None and cfg.executor != "ray" and not custom
+            and resolve_profile(None if cfg.profile == "auto" else cfg.profile).name == "gpu"):
+        turns = turns_on_one_gpu()     # an agent on one GPU: two slots take turns, the agent thinks meanwhile
+        cfg = dataclasses.replace(cfg, gpus=turns) if turns else cfg
     loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
+    if turns:
+        say(f"one GPU and an agent: two slots take turns on GPU {turns.split(',')[0]} (--gpus {turns}), so the "
+            f"agent proposes and the last run is scored while the GPU trains; --gpus {turns.split(',')[0]} for "
+            "one experiment at a time")
     if cfg.proposer is None and proposer.name == "strategy":
         say("no agent configured: proposing with the built-in strategy proposer (one knob at a time from the best)")
     if custom:

@@ -52,6 +52,17 @@ def test_parse_gpus():
             parse_gpus(bad, probe=False)
 
 
+def test_an_agent_on_one_gpu_takes_turns_by_default(monkeypatch):
+    from autoresearch.executors import turns_on_one_gpu
+    assert turns_on_one_gpu({"CUDA_VISIBLE_DEVICES": "3"}) == "3,3"
+    assert turns_on_one_gpu({"CUDA_VISIBLE_DEVICES": "0,1"}) is None
+    assert turns_on_one_gpu({"CUDA_VISIBLE_DEVICES": ""}) is None
+    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0])
+    assert turns_on_one_gpu({}) == "0,0"
+    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0, 1])
+    assert turns_on_one_gpu({}) is None
+
+
 def test_gpus_not_on_this_machine(monkeypatch):
     monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0])
     with pytest.raises(GpuError, match="GPU 1 is not on this machine.*cpu:N"):

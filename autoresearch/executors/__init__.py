@@ -15,6 +15,7 @@ results.tsv and the hooks.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -39,6 +40,17 @@ class Slot:
         if self.kind in ("ray", "inline"):
             return {}
         return {"CUDA_VISIBLE_DEVICES": "" if self.gpu is None else str(self.gpu)}
+
+
+def turns_on_one_gpu(environ: dict | None = None) -> str | None:
+    """`--gpus` for two slots that take turns on this machine's one GPU ("0,0"), or None when there is not
+    exactly one: the default for an agent on one GPU, so that it thinks while the GPU trains."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in env:
+        ids = [x.strip() for x in env["CUDA_VISIBLE_DEVICES"].split(",") if x.strip()]
+        return f"{ids[0]},{ids[0]}" if len(ids) == 1 and ids[0].isdigit() else None
+    found = visible_gpus()
+    return f"{found[0]},{found[0]}" if len(found) == 1 else None
 
 
 def visible_gpus() -> list[int]:
