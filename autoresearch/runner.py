@@ -274,12 +274,15 @@ class _Pump(threading.Thread):
 
 def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeout: float,
                  on_line: Callable[[str], str | None] | None = None, max_log_bytes: int = 50 * 2**20,
-                 grace: float = 5.0, run_id: str | None = None) -> RunResult:
+                 grace: float = 5.0, run_id: str | None = None, gate: Callable[[], bool] | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> RunResult:
     """Run `cmd` to completion or until stopped; see the module docstring. Never leaves processes behind.
 
     `on_line` runs in the reader thread for each output line (without its newline); returning a string
     stops the run with that reason. An exception from it stops the run and is re-raised here afterwards.
-    An OSError writing the log (disk full) also stops the run and is re-raised.
+    An OSError writing the log (disk full) also stops the run and is re-raised. `gate`, when given, is called
+    once the process has started and returns when it may go on (False: stop it, as interrupted); the timeout
+    and the wall time count from its return (harness/launcher.py).
     """
     run_id = run_id or uuid.uuid4().hex
     env = {str(k): str(v) for k, v in env.items()}
@@ -293,7 +296,8 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
     try:
         proc = subprocess.Popen(
             cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent if _LIBC is not None else None, bufsize=0)
+            start_new_session=True, preexec_fn=_die_with_parent if _LIBC is not None else None, bufsize=0,
+            pass_fds=pass_fds)
     except OSError as e:
         log.write(f"[ar] could not start {cmd[0]!r}: {e.strerror or e}\n".encode())
         log.close()
@@ -310,10 +314,17 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
 
     stop: str | None = None
     timed_out = False
+    if gate is not None:
+        try:
+            if not gate():
+                stop = STOP_INTERRUPTED
+        except KeyboardInterrupt:
+            stop = STOP_INTERRUPTED
+        t0 = time.monotonic()
     deadline = t0 + timeout
     next_track = 0.0
     try:
-        while True:
+        while not stop:
             if proc.poll() is not None:
                 break
             if pump.stop_reason is not None:

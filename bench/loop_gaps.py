@@ -46,7 +46,8 @@ def table(tag_dir: Path) -> dict:
         d["gap"] = d["window_start"] - prev["last_step"] if prev and prev.get("last_step") else None
         d["eval_overlaps_window"] = bool(prev and prev.get("eval_done") and prev["eval_done"] > d["window_start"])
         prev = d
-    cols = [("workspace", "prepare", "process_start"), ("to model", "process_start", "model_built"),
+    cols = [("workspace + wait", "prepare", "process_start"), ("pre-start", "spawned", "process_start"),
+            ("to model", "process_start", "model_built"),
             ("compile", "model_built", "first_step"), ("warm-up", "first_step", "window_start"),
             ("window", "window_start", "last_step"), ("save", "last_step", "checkpoint"),
             ("exit", "checkpoint", "process_exit"), ("eval", "eval_start", "eval_done")]

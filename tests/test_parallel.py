@@ -233,8 +233,38 @@ def test_two_slots_on_one_gpu_take_turns(tmp_path):
     pairs = list(zip(timing[1:], timing[2:]))
     assert any(b["prepare"] < a["process_exit"] for a, b in pairs)      # prepared while the other trained
     assert any(b["process_start"] < a["eval_done"] for a, b in pairs)   # started while the other was scored
+    assert any(b["spawned"] < a["process_exit"] for a, b in pairs)      # its interpreter and imports even earlier
+    for r, t in zip(sorted(rows, key=lambda r: r.exp_id), timing):      # but none of train.py before its turn
+        assert window(root, r)[0] >= t["process_start"] - 0.05, (r.exp_id, t)
     with RepoLock(gpu_lock_path(default_cache(), 0), tag="x", command="x"):
         pass                                 # one lock for the shared GPU, given back
+
+
+def test_the_launcher_runs_nothing_of_the_tree_before_go(tmp_path):
+    """harness/launcher.py starts in the run's tree but imports nothing from it (-I): a tree that plants its
+    own `autoresearch` package is not run; the script runs only after `go`, with the deadline the message says;
+    a closed pipe calls the run off with nothing run."""
+    import os
+    (tmp_path / "autoresearch" / "harness").mkdir(parents=True)
+    for f in ("autoresearch/__init__.py", "autoresearch/harness/__init__.py"):
+        (tmp_path / f).write_text("print('planted code ran', flush=True)\n")
+    (tmp_path / "train.py").write_text("import os, time\nprint('script at', time.time(), os.environ['AR_DEADLINE'])\n")
+    for go in (b"go 123.5\n", b""):
+        r, w = os.pipe()
+        proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.launcher", str(r),
+                                 "train.py"], cwd=tmp_path, pass_fds=(r,), stdout=subprocess.PIPE, text=True)
+        os.close(r)
+        time.sleep(1.0)
+        sent = time.time()
+        os.write(w, go) if go else None
+        os.close(w)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0 and "planted" not in out, out
+        if go:
+            m = re.search(r"script at (\S+) 123.5", out)
+            assert m and float(m.group(1)) >= sent, out
+        else:
+            assert out == "", out
 
 
 def test_status_shows_every_slot(tmp_path):

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -106,17 +107,22 @@ class TrainOutcome:
     checkpoint_at: float | None = None    # wall clock: the checkpoint last changed
 
 
-def not_started(req: RunRequest, log_path: Path) -> TrainOutcome:
-    """The outcome of a run that a stop cancelled before its process started (it waited for its GPU)."""
-    log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on the GPU)\n")
-    result = RunResult(None, False, STOP_INTERRUPTED, 0.0, log_path, False)
-    return TrainOutcome(result, None, 0.0, None, None, req.sandbox, started_at=time.time())
+def launchable(cmd: list[str]) -> bool:
+    """Whether a training command is `python SCRIPT.py`, which harness/launcher.py can start before its turn."""
+    return len(cmd) == 2 and Path(cmd[0]).name.startswith("python") and cmd[1].endswith(".py")
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
-        on_line: Callable[[str], str | None] | None = None, allowance: float | None = None) -> TrainOutcome:
-    """Train once; `allowance` is the startup allowance this run gets (tightened after the baseline)."""
+        on_line: Callable[[str], str | None] | None = None, allowance: float | None = None,
+        turn=None) -> TrainOutcome:
+    """Train once; `allowance` is the startup allowance this run gets (tightened after the baseline). `turn`:
+    the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the process's exit;
+    the process starts before it (harness/launcher.py: only trusted imports run until the turn is taken)."""
     cmd = list(req.train_command)
+    go_r = go_w = None
+    if turn is not None and launchable(cmd):
+        go_r, go_w = os.pipe()
+        cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.launcher", str(go_r), cmd[1]]
     if req.sandbox:
         policy = ws.root / "train-policy.json"
         policy.write_text(json.dumps(train_policy(req, ws, data_files)))
@@ -125,9 +131,25 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     arrivals: list[float] = []
     timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
     built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)
-    t0, t0_wall = time.monotonic(), time.time()
+    clock = [time.monotonic(), time.time()]   # ar's clock starts here, or when the turn is taken
+    taken: list[bool] = []
+
+    def gate() -> bool:
+        """Wait for the GPU; then start the clock and let the launcher run the script."""
+        if not turn.take():
+            return False
+        taken.append(True)
+        clock[:] = [time.monotonic(), time.time()]
+        if go_w is not None:
+            try:
+                budget_end = clock[1] + (allowance or req.startup_allowance) + req.time_budget
+                os.write(go_w, f"go {budget_end:.3f}\n".encode())
+            except OSError:
+                pass                 # the launcher is gone already: the run ends as it ended
+        return True
 
     def clocked(line: str) -> str | None:
+        t0 = clock[0]
         if line.startswith("model:") and not built:       # train.py's line once the model is built
             built.append(time.monotonic() - t0)
         if line.startswith("step "):
@@ -138,8 +160,23 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
                 timed_from.append(now)
         return on_line(line) if on_line else None
 
-    result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(), on_line=clocked,
-                          max_log_bytes=req.max_log_bytes)
+    spawned = time.time()
+    try:
+        if turn is not None and go_r is None and not gate():    # not launchable: the turn comes before the start
+            log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on the GPU)\n")
+            result = RunResult(None, False, STOP_INTERRUPTED, 0.0, log_path, False)
+        else:
+            result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(),
+                                  on_line=clocked, max_log_bytes=req.max_log_bytes,
+                                  gate=gate if go_r is not None else None,
+                                  pass_fds=(go_r,) if go_r is not None else ())
+    finally:
+        for fd in (go_r, go_w):
+            if fd is not None:
+                os.close(fd)
+        if taken:
+            turn.give_back()
+    t0, t0_wall = clock
     startup = timed_from[0] if timed_from else None
     written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
     ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
@@ -163,7 +200,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
         over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
                  f"(TOTAL_BATCH_SIZE)")
-    phases = {"model_built": t0_wall + built[0] if built else None,
+    phases = {"spawned": spawned, "model_built": t0_wall + built[0] if built else None,
               "first_step": t0_wall + arrivals[0] if arrivals else None,
               "last_step": t0_wall + arrivals[-1] if arrivals else None}
     return TrainOutcome(result, startup, trained, interval, over, req.sandbox, started_at=t0_wall,

@@ -45,15 +45,8 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     seeded = execute.seed_compile_cache(req, ws)
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
-        if turn is not None and not turn.take():     # a stop came while waiting for the GPU: nothing ran
-            out = execute.not_started(req, exp_dir / "train.log")
-        else:
-            try:
-                out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
-                                  allowance=allowance)
-            finally:
-                if turn is not None:
-                    turn.give_back()
+        out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
+                          allowance=allowance, turn=turn)
         tampered, broken = _after_checks(after_run, fingerprint)
         has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
