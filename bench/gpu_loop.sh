@@ -2,7 +2,7 @@
 # `ar run` end to end on one GPU, as root and as a normal user, and where the time between training windows
 # goes (bench/loop_gaps.py over each run's timing.json). One call on the GPU host, from the repo root:
 #   RUNS="root:serial:strategy:3 user:serial:strategy:4 user:0,0:agent30:4"  BUDGET=20  bash bench/gpu_loop.sh
-# Each entry is who:slots:proposer:experiments[:budget] (slots: serial, or a --gpus value such as 0,0; proposer:
+# Each entry is who:slots:proposer:experiments[:budget[:seconds]] (slots: serial, or a --gpus value such as 0,0; proposer:
 # strategy, or agentN: the scripted agent of bench/agents/slow_agent.py thinking N s per proposal).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -24,27 +24,37 @@ chmod 755 /tmp/arcache
 printf 'dataset: builtin-site\n' > /tmp/bench-ar.yaml; chmod 644 /tmp/bench-ar.yaml
 n=0
 for run in $RUNS; do
-  IFS=: read -r who slots proposer count budget <<<"$run"; n=$((n+1)); tag="r$n"; budget=${budget:-$BUDGET}
+  IFS=: read -r who slots proposer count budget LIMIT <<<"$run"; n=$((n+1)); tag="r$n"; budget=${budget:-$BUDGET}
   ws=/tmp/ws-$tag; rm -rf "$ws"
   args=(--tag "$tag" --max-experiments "$count" --time-budget "$budget" --calibrate-noise 0 --config /tmp/bench-ar.yaml)
   [[ $slots != serial ]] && args+=(--gpus "$slots")
   if [[ $proposer == agent* ]]; then args+=(--agent "python3 $REPO/bench/agents/slow_agent.py ${proposer#agent} {prompt_file}"); fi
   if [[ $who == user ]]; then
-    cache=/tmp/usercache
-    if [[ ! -d $cache ]]; then cp -r /tmp/arcache $cache; chown -R bench $cache; fi  # data and the trusted store
+    cache=/tmp/uscache
+    if [[ ! -d $cache ]]; then   # root's data and trusted store; the store's placeholder paths name its folder
+      cp -r /tmp/arcache $cache
+      python3 - <<'PY'
+import os
+for root, _, files in os.walk("/tmp/uscache/compile"):
+    for f in files:
+        p = os.path.join(root, f); b = open(p, "rb").read()
+        if b"/tmp/arcache/" in b: open(p, "wb").write(b.replace(b"/tmp/arcache/", b"/tmp/uscache/"))
+PY
+      chown -R bench $cache
+    fi
     runuser -u bench -- env AR_CACHE=$cache HOME=/home/bench python3 -m autoresearch init "$ws" >/dev/null
     start=$(date +%s)
     (cd "$ws" && runuser -u bench -- env AR_CACHE=$cache HOME=/home/bench PYTHONUNBUFFERED=1 \
-        python3 -m autoresearch run "${args[@]}") > "$OUT/$tag.log" 2>&1
+        timeout -s INT "${LIMIT:-100000}" python3 -m autoresearch run "${args[@]}") > "$OUT/$tag.log" 2>&1
   else
     python3 -m autoresearch init "$ws" >/dev/null
     start=$(date +%s)
-    (cd "$ws" && python3 -m autoresearch run "${args[@]}") > "$OUT/$tag.log" 2>&1
+    (cd "$ws" && timeout -s INT "${LIMIT:-100000}" python3 -m autoresearch run "${args[@]}") > "$OUT/$tag.log" 2>&1
   fi
   echo "== $tag: $run, ${budget}-s budget: ar run took $(( $(date +%s) - start )) s"
   tail -3 "$OUT/$tag.log"
   python3 "$REPO/bench/loop_gaps.py" "$ws/runs/$tag" --json "$OUT/$tag.json" | tee "$OUT/$tag.md"
   grep -h "step 0000[12] \|model:" "$ws"/runs/$tag/0001-*/train.log | head -3
-  du -sh $AR_CACHE/compile /tmp/usercache/compile 2>/dev/null
+  du -sh $AR_CACHE/compile /tmp/uscache/compile 2>/dev/null
 done
 echo "total: $(( $(date +%s) - t0 )) s"
