@@ -1,0 +1,65 @@
+"""Regression tests for the first hour, second round (issue 21): one truth about the best, a user's commit on the
+tag's branch, small token counts, the settings `ar status` reports, plain output into a pipe, the Ray extra's
+name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoresearch import memory
+from autoresearch import report as rep
+from autoresearch.ledger import Ledger, Row, Status
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def ar(*args, cwd, timeout=180):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def quick_start_rows() -> list[Row]:
+    """The quick start's ledger: a kept baseline, its calibration re-runs, then a discard that scored lower than
+    the best but inside the noise."""
+    def row(i, commit, val, status, desc, reason=""):
+        return Row(commit=commit, val_bpb=val, memory_gb=None, status=status, description=desc, exp_id=i, tag="dec1",
+                   time_budget=20.0, seed=42, num_steps=9, total_tokens_M=0.036864, reason=reason)
+    return [row(1, "75a7ff5", 2.727349, Status.KEEP, "baseline"),
+            row(2, "75a7ff5", 2.911, Status.VALIDATION, "noise calibration: baseline again"),
+            row(3, "75a7ff5", 2.774, Status.VALIDATION, "noise calibration: baseline again"),
+            row(4, "f509726", 2.699725, Status.DISCARD, "strategy: LR_MULT 1.0 -> 0.666667",
+                "val_bpb 2.699725 is better than the best 2.727349 by 0.027624, within the noise threshold 0.198")]
+
+
+def test_the_best_of_a_run_is_its_best_kept_result_in_report_status_and_journal(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "train.py").write_text("X = 1\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "start")
+    ledger = Ledger(root / "runs" / "dec1")
+    for r in quick_start_rows():
+        ledger.append(r)
+    data = rep.build(ledger.rows(), ["dec1"])
+    assert data["best"]["commit"] == "75a7ff5" and data["best"]["val_bpb"] == 2.727349
+    assert data["best"]["command"].startswith("git checkout 75a7ff5 ")
+    assert data["top"][0]["commit"] == "f509726" and data["top"][0]["status"] == "discard"  # ranked, not the best
+    out = ar("report", "--repo", root, "--json", cwd=root)
+    assert json.loads(out.stdout)["best"]["commit"] == "75a7ff5", out.stdout + out.stderr
+    table = ar("report", "--repo", root, cwd=root).stdout
+    assert "best: 75a7ff5  val_bpb 2.727349" in table and "git checkout 75a7ff5" in table, table
+    status = json.loads(ar("status", "--repo", root, "--json", cwd=root).stdout)
+    assert status["best"]["commit"] == "75a7ff5"
+    j = memory.build(ledger.rows(), tag="dec1", source="t", noise=0.198, noise_source="t")
+    assert j.best.commit == "75a7ff5"
