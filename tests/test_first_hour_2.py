@@ -63,3 +63,11 @@ def test_the_best_of_a_run_is_its_best_kept_result_in_report_status_and_journal(
     assert status["best"]["commit"] == "75a7ff5"
     j = memory.build(ledger.rows(), tag="dec1", source="t", noise=0.198, noise_source="t")
     assert j.best.commit == "75a7ff5"
+
+
+def test_small_token_counts_survive_results_tsv(tmp_path):
+    ledger = Ledger(tmp_path / "t")
+    ledger.append(quick_start_rows()[3])                     # 9 steps of 4,096 tokens
+    (row,) = ledger.rows()
+    assert row.total_tokens_M == pytest.approx(0.036864)
+    assert rep._tokens(rep.experiment(row, 1)) == "36.9K"
