@@ -148,7 +148,7 @@ class Loop:
             raise
         self._open = True
         self.events.session_started(tag=self.tag, branch=self.branch, profile=self.profile.name, by_slot=self.multi,
-                                    slots=[slot_fields(s) for s in self.slots], budget=self.budget(None),
+                                    slots=[slot_fields(s) for s in self.slots], budget=self.session_budget(),
                                     noise=self.noise)
         if self.multi:
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
@@ -461,6 +461,10 @@ class Loop:
             objective=self.cfg.objective)
 
     # --------------------------------------------------------------------------------------- helpers
+    def session_budget(self) -> float | None:
+        """The budget every experiment of the session runs at; None for a sweep, whose points carry their own."""
+        return None if self.command.startswith("ar sweep") else self.budget(None)
+
     def budget(self, spec_budget: float | None) -> float:
         return float(spec_budget or self.cfg.time_budget or self.profile.time_budget)
 

@@ -32,5 +32,6 @@ def read_status(repo: str | Path) -> dict:
     out["objective"] = obj.describe()
     for r in rows:
         out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
+    out["budgets"] = sorted({r.time_budget for r in rows if r.time_budget is not None})  # what the rows ran at
     out["running"] = holder is not None
     return out

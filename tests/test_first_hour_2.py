@@ -71,3 +71,21 @@ def test_small_token_counts_survive_results_tsv(tmp_path):
     (row,) = ledger.rows()
     assert row.total_tokens_M == pytest.approx(0.036864)
     assert rep._tokens(rep.experiment(row, 1)) == "36.9K"
+
+
+def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, prepared_cache):
+    from autoresearch.session import Loop
+    from autoresearch.status import read_status
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path, SEED_NOISE=0.01)
+    Loop(cfg(), root, "t", None, calibrate_noise=2).run(max_experiments=2)
+    calibrated = json.loads((root / "runs" / "t" / "noise.json").read_text())["noise"]
+    assert calibrated != 0.002
+    st = read_status(root)["status"]
+    assert st["noise"] == pytest.approx(calibrated), st
+    with Loop(cfg(), root, "s", None, baseline=False, command="ar sweep s.yaml") as lp:
+        lp.enqueue_knobs({"LR_MULT": 2.0}, time_budget=0.3, description="sweep s: LR_MULT=2.0")
+        lp.run()
+    got = read_status(root)
+    assert got["tag"] == "s" and got["status"]["budget"] is None and got["budgets"] == [0.3], got

@@ -257,6 +257,7 @@ def finish_calibration(lp) -> None:
     write_json(lp.paths.noise, {"noise": noise, "values": values, "commit": lp.base_sha, "written_at": now_iso()})
     if lp.cfg.noise is None:
         lp.noise = noise
+        lp.events.settings(noise=noise)   # `ar status` and the dashboard show the threshold now in use
     lp.say(f"noise calibration: {len(values)} runs of the baseline, spread {noise:.6f} {lp.cfg.objective.name} -> "
            f"runs/{lp.tag}/noise.json" + ("" if lp.cfg.noise is None else
                                           f" (the configured noise {lp.cfg.noise:g} still applies)"))
