@@ -89,3 +89,21 @@ def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, 
         lp.run()
     got = read_status(root)
     assert got["tag"] == "s" and got["status"]["budget"] is None and got["budgets"] == [0.3], got
+
+
+BOX = set("─│┃━┏┓┗┛╭╮╰╯┌┐└┘├┤┬┴┼")
+
+
+def test_help_and_a_sweeps_plan_into_a_pipe_are_plain_lines(tmp_path):
+    from test_loop import make_repo
+
+    r = ar("run", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and not BOX & set(r.stdout), r.stdout
+    assert "--max-consecutive-crashes" in r.stdout and "autoresearch-ar[ray]" in r.stdout
+    assert max(map(len, r.stdout.splitlines())) > 100                     # not wrapped at 80 columns
+    root = make_repo(tmp_path)
+    (root / "s.yaml").write_text("name: lr\nprofile: cpu\naxes: {LR_MULT: [1.0, 2.0]}\n")
+    r = ar("sweep", "s.yaml", "--dry-run", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert not BOX & set(r.stdout), r.stdout
+    assert "plan (listed)" in r.stdout and "#\tstate\tbudget\tpoint" in r.stdout

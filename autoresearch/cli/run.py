@@ -17,7 +17,7 @@ from ..ledger import Row, Status
 from ..session import Event, Summary
 from ..session import build
 from ..status import read_status
-from . import app, console
+from . import app, brackets, console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
           "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}
@@ -71,8 +71,8 @@ GpusOpt = Annotated[Optional[str], typer.Option(help="Slots: GPU indices 0,1,…
                                                    "GPU); with --executor ray: ray:N experiments in flight.")]
 StaleOpt = Annotated[Optional[str], typer.Option(help="A win whose parent is no longer the best: rerun (on the new "
                                                       "best, default) or record (as stale).")]
-ExecutorOpt = Annotated[Optional[str], typer.Option(help="local (this machine's slots) or ray (a Ray cluster; "
-                                                         "pip install 'autoresearch-ar\\[ray]').")]
+ExecutorOpt = Annotated[Optional[str], typer.Option(help=brackets("local (this machine's slots) or ray (a Ray "
+                                                                  "cluster; pip install 'autoresearch-ar[ray]')."))]
 AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (with --executor ray).")]
 
 

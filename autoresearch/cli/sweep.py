@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
-
-from . import app, console
+from . import app, console, print_table
 from .. import sweep as sw
 from .. import sweepfile as sf
 from ..config import load_config
@@ -36,10 +34,7 @@ def sweep(
     cfg = load_config(config, scale_out(gpus, stale_policy, executor, address))
     check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU point
     plan = sf.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
-    table = Table("#", "state", "budget", "point", title=f"plan ({order or plan.sweep.order})", title_justify="left")
-    for row in plan.rows():
-        table.add_row(*row)
-    console.print(table)
+    print_table(f"plan ({order or plan.sweep.order})", ("#", "state", "budget", "point"), plan.rows())
     console.print(plan.summary(), highlight=False)
     if dry_run:
         return
