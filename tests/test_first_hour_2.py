@@ -107,3 +107,26 @@ def test_help_and_a_sweeps_plan_into_a_pipe_are_plain_lines(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not BOX & set(r.stdout), r.stdout
     assert "plan (listed)" in r.stdout and "#\tstate\tbudget\tpoint" in r.stdout
+
+
+def test_flags_in_rich_help_take_no_value(tmp_path):
+    import os
+    import re
+    env = {**os.environ, "FORCE_COLOR": "1", "COLUMNS": "150"}          # Rich's help, as on a terminal
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "-h"], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=60)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
+    lines = {ln.split()[1]: ln for ln in text.splitlines() if ln.startswith("│ --")}
+    assert "<bool>" not in lines["--unsandboxed"] and "<bool>" not in lines["--help"], text
+    assert "<path>" in lines["--repo"] and "autoresearch-ar[ray]" in text
+
+
+def test_every_pip_install_of_an_extra_names_the_package():
+    import re
+    import tomllib
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").glob("*.yaml"),
+             *(ROOT / "autoresearch").rglob("*.py")]
+    found = {(p.name, m) for p in texts
+             for m in re.findall(r"pip install\s+(?:-e\s+)?[\"']?([A-Za-z0-9_.-]+)\\{0,2}\[", p.read_text())}
+    assert found and all(m in (name, ".") for _, m in found), sorted(found)

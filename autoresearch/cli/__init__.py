@@ -66,6 +66,18 @@ def configure_output(no_color: bool = False) -> None:
         app.info.context_settings.pop("terminal_width", None)
 
 
+def _flag_type(display=getattr(typer.core.TyperOption, "display_type_rich", None)):
+    """typer's Rich help names a type for flags too (`--unsandboxed <bool>`, `-h <bool>`), as if they took a
+    value; a flag shows none."""
+    if display is None:   # an older typer: nothing to fix
+        return
+    typer.core.TyperOption.display_type_rich = lambda self, ctx: (
+        None if self.is_flag and self.metavar is None else display(self, ctx))
+
+
+_flag_type()
+
+
 def brackets(text: str) -> str:
     """Help text with square brackets shown as they are: Rich's help reads `[x]` as markup, click's does not."""
     return text.replace("[", "\\[") if typer.core.HAS_RICH else text
