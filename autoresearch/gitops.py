@@ -219,6 +219,18 @@ class GitRepo:
     def delete_ref(self, tag: str, exp_id: int) -> None:
         self._git("update-ref", "-d", f"refs/ar/{tag}/{exp_id:04d}")
 
+    def is_ancestor(self, a: str, b: str) -> bool:
+        """Whether commit a is b or one of b's ancestors."""
+        try:
+            self._git("merge-base", "--is-ancestor", a, b)
+            return True
+        except GitError:
+            return False
+
+    def paths_between(self, a: str, b: str) -> list[str]:
+        """Paths that differ between commits a and b."""
+        return sorted(filter(None, self._git("diff", "--name-only", "-z", "--no-renames", a, b, "--").split("\0")))
+
     def commits_since(self, base: str) -> list[str]:
         """SHAs on HEAD after `base`, oldest first."""
         out = self._git("rev-list", "--reverse", f"{base}..HEAD")

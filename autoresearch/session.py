@@ -14,7 +14,8 @@ branch go back to the best kept commit; refs of half-made experiment commits are
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
 "time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
 "rerun" ({"commit": sha, "seed": int, "time_budget": s|None}: the same commit with another seed, recorded
-as `validation`, never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
+as `validation`, never changing the best), "commit" ({"commit": sha, "description": str}: the user's own commit
+found on the branch at open, run as it is and decided like a proposal). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
 `with Loop(...)`, then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a
 run as `pruned`.
 
@@ -32,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import faults
+from . import faults, guards
 from .config import RunConfig
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, GitError
 from .events import EventLog, slot_fields
 from .gitops import GitRepo, branch_name, check_tag, default_tag, short
 from .harness import sandbox
@@ -194,7 +195,8 @@ class Loop:
                 settle.fire(self, recorded[spec.id])
         if rows and rows[-1].exp_id is not None:     # hooks of the last row, if ar died before firing them
             settle.fire(self, rows[-1])
-        self.best_sha = self._restore_best()
+        yours = self._take_users_commit()
+        self.best_sha = self._restore_best(quiet=yours)
         for spec in in_flight:
             self.say(f"experiment {spec.id:04d} ({spec.kind}) was cut short by a stop of ar; it runs again")
         if self.baseline and self.ledger.best_kept() is None and not any(
@@ -335,14 +337,41 @@ class Loop:
                  f"(not {short(self.base_sha)})")
         self.base_sha = head
 
-    def _restore_best(self) -> str:
-        """Reset the branch and tree to the best kept commit; drop refs of experiments without a row."""
+    def _take_users_commit(self) -> bool:
+        """A commit on the branch that is no recorded experiment is the user's own work (the dirty-tree refusal
+        told them to commit): it is queued to run as a proposal, against the best, rather than reset over. One
+        that changes what experiments may not change is refused, with the way to keep it."""
+        best = self.ledger.best_kept()
+        if best is None or self.git.dirty_paths():
+            return False
+        head, best_sha = self.git.head_sha(), self.git.resolve(best.commit)
+        if (self.git.is_ancestor(head, best_sha) or short(head) in {r.commit for r in self.ledger.rows()}
+                or "\nar: tag " in self.git.repo.commit(head).message
+                or any(s.payload.get("commit") == head for s in self.queue.pending() if s.kind == "commit")):
+            return False
+        outside = [p for p in self.git.paths_between(best_sha, head) if not guards.allowed(p, self.cfg.allowed_paths)]
+        if outside:
+            raise GitError(f"your commit {short(head)} on {self.branch} is not a recorded experiment and changes "
+                           f"{', '.join(outside[:3])}, which an experiment may not change, so it cannot run as one; "
+                           f"keep it on a branch of its own and go back to the best (git branch my-work "
+                           f"{short(head)} && git reset --hard {short(best_sha)}), then `ar run` again")
+        subject = self.git.repo.commit(head).summary.strip()[:120]
+        spec = self.queue.add("commit", {"commit": head, "description": f"your commit {short(head)}: {subject}"})
+        self.git.keep_ref(self.tag, spec.id, head)    # reachable whatever becomes of the branch meanwhile
+        self.say(f"your commit {short(head)} on {self.branch} is not a recorded experiment: it runs as experiment "
+                 f"{spec.id:04d}, a proposal against the best {short(best_sha)} (kept only if it beats it)")
+        return True
+
+    def _restore_best(self, quiet: bool = False) -> str:
+        """Reset the branch and tree to the best kept commit; drop refs of experiments without a row. `quiet`:
+        the user's commit was just queued (and said so); it is not dropped."""
         best = self.ledger.best_kept()
         sha = self.git.resolve(best.commit) if best else self.base_sha
         if self.git.head_sha() != sha or self.git.dirty_paths():
             self.git.reset_hard(sha)
-            self.say(f"train.py restored to the best kept commit {short(sha)}")
-        recorded = {r.exp_id for r in self.ledger.rows()}
+            if not quiet:
+                self.say(f"train.py restored to the best kept commit {short(sha)}")
+        recorded = {r.exp_id for r in self.ledger.rows()} | {s.id for s in self.queue.pending() if s.kind == "commit"}
         for exp_id in self.git.exp_refs(self.tag):
             if exp_id not in recorded:
                 self.git.delete_ref(self.tag, exp_id)

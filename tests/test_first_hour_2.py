@@ -130,3 +130,53 @@ def test_every_pip_install_of_an_extra_names_the_package():
     found = {(p.name, m) for p in texts
              for m in re.findall(r"pip install\s+(?:-e\s+)?[\"']?([A-Za-z0-9_.-]+)\\{0,2}\[", p.read_text())}
     assert found and all(m in (name, ".") for _, m in found), sorted(found)
+
+
+def test_a_users_commit_on_the_branch_runs_as_a_proposal_and_is_never_reset_over(tmp_path, prepared_cache):
+    from autoresearch.gitops import GitRepo
+    from autoresearch.knobs import set_knobs
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()                         # the baseline, kept
+    set_knobs(root / "train.py", {"TOTAL_BATCH_SIZE": 2**18})             # the user's hand edit, committed
+    git(root, "commit", "-qam", "my batch size")
+    mine = GitRepo(root).head_sha()
+    said = []
+    s = Loop(cfg(noise=0.002), root, "t", None, on_event=lambda e: said.append(e.message)).run()
+    rows = read_results(s.results)
+    assert len(rows) == 2 and rows[-1].commit == mine[:7], rows
+    assert rows[-1].description == "your commit %s: my batch size" % mine[:7] and rows[-1].val_bpb is not None
+    assert rows[-1].status is Status.KEEP and rows[-1].parent == rows[0].commit   # 2**18 is nearer the bowl's floor
+    assert GitRepo(root).head_sha() == mine                                # kept: the branch holds it
+    assert any("your commit" in m and "runs as experiment 0002" in m for m in said), said
+    assert not any("restored to the best kept commit" in m for m in said), said
+
+
+def test_a_users_commit_that_loses_stays_reachable_and_one_outside_scope_is_refused(tmp_path, prepared_cache):
+    from autoresearch.errors import GitError
+    from autoresearch.gitops import GitRepo
+    from autoresearch.knobs import set_knobs
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()
+    best = GitRepo(root).head_sha()
+    set_knobs(root / "train.py", {"LR_MULT": 3.0})                        # worse
+    git(root, "commit", "-qam", "a big learning rate")
+    mine = GitRepo(root).head_sha()
+    s = Loop(cfg(noise=0.002), root, "t", None).run()
+    row = read_results(s.results)[-1]
+    assert row.commit == mine[:7] and row.status is Status.DISCARD
+    assert GitRepo(root).head_sha() == best
+    assert git(root, "rev-parse", "refs/ar/t/0002") == mine               # measured, recorded, still reachable
+    (root / "program.md").write_text("# my own program\n")
+    git(root, "commit", "-qam", "my program")
+    theirs = GitRepo(root).head_sha()
+    with pytest.raises(GitError, match=r"changes program.md.*git branch my-work"):
+        Loop(cfg(noise=0.002), root, "t", None).run()
+    assert GitRepo(root).head_sha() == theirs                             # refused, not reset over

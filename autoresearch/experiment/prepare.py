@@ -50,6 +50,8 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     if spec.kind == "baseline":
         x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
         return _run_committed(lp, ctx, x)
+    if spec.kind == "commit":   # the user's own commit, found on the branch: run as it is, decided as a proposal
+        return _users_commit(lp, ctx, x)
     snap = guards.snapshot(ctx.git, x.parent, ctx.guard_dir(lp.tag))
     lp.events.phase(x, "proposing")
     if spec.payload.get("replay"):
@@ -81,6 +83,45 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
                            allow_empty=not x.changed)
     faults.point("commit")
     return _run_committed(lp, ctx, x)
+
+
+def _users_commit(lp, ctx: SlotContext, x: Experiment) -> Outcome:
+    """The same content checks as any proposal's (scope was checked when it was found), on the commit itself."""
+    p = x.spec.payload
+    x.description = p.get("description") or f"your commit {short(str(p.get('commit')))}"
+    try:
+        x.sha = ctx.git.resolve(str(p.get("commit")))
+    except GitError:
+        return Outcome("rejected", f"commit {p.get('commit')} not found")
+    x.changed = ctx.git.paths_between(x.parent, x.sha)
+    outside = [f for f in x.changed if not guards.allowed(f, lp.cfg.allowed_paths)]
+    reason = (f"it changes {', '.join(outside[:3])}, which an experiment may not change" if outside else
+              _check_committed(ctx, x))
+    if reason:
+        return Outcome("rejected", reason)
+    if ctx.separate:
+        clean_worktree(ctx.git, x.sha)
+    else:
+        ctx.git.checkout_paths(x.sha, ["."])   # HEAD stays at the best until the decision
+    return _run_committed(lp, ctx, x)
+
+
+def _check_committed(ctx: SlotContext, x: Experiment) -> str | None:
+    for path in x.changed:
+        if not path.endswith(".py"):
+            continue
+        try:
+            text = ctx.git.file_at(x.sha, path)
+        except GitError:      # deleted
+            continue
+        try:
+            before = ctx.git.file_at(x.parent, path)
+        except GitError:
+            before = None
+        reason = guards.check_source(text, path, before) or guards.check_payload(text, before, path)
+        if reason:
+            return reason
+    return None
 
 
 def commit_message(x: Experiment, tag: str) -> str:
