@@ -50,6 +50,7 @@ class Status(str, Enum):
     PRUNED = "pruned"
     STALE = "stale"
     VALIDATION = "validation"
+    TRIAL = "trial"          # `ar try` / `ar eval`: runs/<tag>/trials.tsv only, never results.tsv
 
     def __str__(self) -> str:
         return self.value

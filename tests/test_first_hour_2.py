@@ -180,3 +180,32 @@ def test_a_users_commit_that_loses_stays_reachable_and_one_outside_scope_is_refu
     with pytest.raises(GitError, match=r"changes program.md.*git branch my-work"):
         Loop(cfg(noise=0.002), root, "t", None).run()
     assert GitRepo(root).head_sha() == theirs                             # refused, not reset over
+
+
+def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp_path, prepared_cache, monkeypatch):
+    from autoresearch.gitops import GitRepo
+    from autoresearch.knobs import set_knobs
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()                          # the tag's best: the baseline
+    head, results = GitRepo(root).head_sha(), (root / "runs" / "t" / "results.tsv").read_bytes()
+    set_knobs(root / "train.py", {"TOTAL_BATCH_SIZE": 2**18})              # a hand edit, not committed
+    edited = (root / "train.py").read_text()
+    r = ar("try", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-3].startswith("trial 0001, working tree (train.py changed) on %s: val_bpb " % head[:7]), r.stdout
+    assert "would be kept: val_bpb" in lines[-3] and "beats the best" in lines[-3]
+    assert lines[-2].startswith("tag t: best ") and "keep threshold 0.002" in lines[-2]
+    (trial,) = read_results(root / "runs" / "t" / "trials.tsv")
+    assert trial.status is Status.TRIAL and trial.val_bpb is not None and trial.time_budget == 0.5
+    assert (root / "runs" / "t" / f"trial-0001-{trial.commit}" / "record.json").is_file()
+    # nothing committed, no branch moved, the tree as the user left it, the tag's records untouched
+    assert GitRepo(root).head_sha() == head and (root / "train.py").read_text() == edited
+    assert (root / "runs" / "t" / "results.tsv").read_bytes() == results
+    assert git(root, "status", "--porcelain") == "M train.py"

@@ -125,7 +125,7 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
 
 
 # Each module adds its commands to `app` on import.
-from . import prepare, run, sweep, report, doctor, journal, serve  # noqa: E402,F401
+from . import prepare, run, sweep, report, doctor, journal, serve, tryout  # noqa: E402,F401
 
 
 def fail(message: str, code: int, as_json: bool) -> NoReturn:
