@@ -209,3 +209,33 @@ def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp
     assert GitRepo(root).head_sha() == head and (root / "train.py").read_text() == edited
     assert (root / "runs" / "t" / "results.tsv").read_bytes() == results
     assert git(root, "status", "--porcelain") == "M train.py"
+
+
+def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_checkpoint(tmp_path, prepared_cache,
+                                                                                      monkeypatch):
+    import os
+    import shutil
+    from autoresearch.session import Loop
+    from autoresearch.workspace import init_workspace
+    from test_loop import cfg, make_repo
+
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert "checkpoint/" in (init_workspace(tmp_path / "ws").path / ".gitignore").read_text().split()
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()                          # a tag with a best to compare with
+    shutil.copy(ROOT / "train.py", root / "train.py")                      # the real model, edited by hand
+    (root / ".gitignore").write_text("runs/\n__pycache__/\ncheckpoint/\n")
+    env = {**os.environ, "AR_PROFILE": "cpu", "AR_TIME_BUDGET": "2"}
+    hand = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert hand.returncode == 0, hand.stdout[-2000:] + hand.stderr[-2000:]
+    assert hand.stdout.splitlines()[-1].startswith("to score it: `ar eval checkpoint`"), hand.stdout[-500:]
+    assert (root / "checkpoint" / "model.json").is_file()
+    r = ar("eval", "checkpoint", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first, best = r.stdout.splitlines()[-3:-1]
+    assert first.startswith("eval 0001, checkpoint ") and " val_bpb " in first and "not decided" in first, r.stdout
+    assert best.startswith("tag t: best ")
+    missing = ar("eval", "nowhere", cwd=root)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "is not a checkpoint" in missing.stderr
