@@ -239,3 +239,77 @@ def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_chec
     assert best.startswith("tag t: best ")
     missing = ar("eval", "nowhere", cwd=root)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "is not a checkpoint" in missing.stderr
+
+
+# ------------------------------------------------------------------------------ two knob values, one model
+
+def test_the_strategy_proposer_does_not_shrink_a_size_the_profile_built_at_one():
+    from autoresearch.harness.env import PROFILES
+    from autoresearch.proposers import Context
+    from autoresearch.proposers.search import StrategyProposer
+
+    knobs = {"DEPTH": 7, "LR_MULT": 1.0, "TOTAL_BATCH_SIZE": 2**19}
+
+    def ctx(built):
+        return Context(root=Path("/tmp"), train_file="train.py", knobs=knobs, best=None, rows=[], exp_id=1,
+                       exp_dir=Path("/tmp/exp"), tag="t", profile=PROFILES["cpu"], time_budget=20.0,
+                       eval_tokens=2**15, noise=0.002, built=built)
+
+    moves = StrategyProposer().candidates(ctx({"depth": 1, "width": 64}))   # CPU: DEPTH 7 builds depth 1
+    assert ("DEPTH", 6) not in moves and ("DEPTH", 8) in moves
+    assert ("DEPTH", 6) in StrategyProposer().candidates(ctx({"depth": 2}))
+    assert ("DEPTH", 6) in StrategyProposer().candidates(ctx(None))         # nothing known of the build
+
+
+def test_same_build_compares_the_checkpoints_config_and_the_knobs_it_does_not_explain(tmp_path):
+    from autoresearch.repeats import same_build
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "model.json").write_text(json.dumps({"format": 1, "factory": "f", "config": {"depth": 1, "width": 64}}))
+    why = same_build(a, {"DEPTH": 7, "LR_MULT": 1.0}, b, {"DEPTH": 6, "LR_MULT": 1.0})
+    assert why and "same model" in why and "depth 1" in why and "DEPTH" in why
+    assert same_build(a, {"DEPTH": 7, "LR_MULT": 1.0}, b, {"DEPTH": 7, "LR_MULT": 2.0}) is None  # trains otherwise
+    (b / "model.json").write_text(json.dumps({"format": 1, "factory": "f", "config": {"depth": 2, "width": 128}}))
+    assert same_build(a, {"DEPTH": 7}, b, {"DEPTH": 8}) is None
+    assert same_build(a, {"DEPTH": 7}, tmp_path / "nowhere", {"DEPTH": 6}) is None
+
+
+def test_a_win_that_built_the_same_model_as_the_best_is_not_kept(tmp_path, prepared_cache):
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path, DEPTH=7)
+    text = (root / "train.py").read_text()
+    for old, new in (("return b + 0.01 * (DEPTH - 8) ** 2", "return b + 0.05 * DEPTH"),   # a lower DEPTH "wins"
+                     ('config = {"vocab": vocab,', 'config = {"depth": max(1, DEPTH - 6), "vocab": vocab,')):
+        assert old in text
+        text = text.replace(old, new)
+    (root / "train.py").write_text(text)
+    git(root, "commit", "-qam", "a stand-in whose DEPTH 7 and 6 build one model")
+    with Loop(cfg(noise=0.002), root, "t", None) as lp:
+        lp.enqueue_knobs({"DEPTH": 6})
+        lp.run()
+    base, six = read_results(root / "runs" / "t" / "results.tsv")
+    assert six.val_bpb < base.val_bpb - 0.05                                   # a "win" by the numbers
+    assert six.status is Status.DISCARD and "builds the same model as the best" in six.reason, six.reason
+    assert (root / "runs" / "t" / f"0002-{six.commit}" / "model.json").is_file()   # what was built, recorded
+
+
+def test_a_win_at_a_very_different_throughput_with_the_same_model_is_confirmed_first(tmp_path, prepared_cache):
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path)
+    with Loop(cfg(noise=0.002), root, "t", None) as lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "TOKENS_PER_S": 300000})   # better, and 3x the speed
+        lp.enqueue_knobs({"LR_MULT": 1.5})                                      # worse: no confirmation
+        lp.run()
+    base, fast, lr = read_results(root / "runs" / "t" / "results.tsv")
+    assert fast.status is Status.KEEP, fast.reason
+    assert "ran at 3.0x its tokens/s, so confirmed by a re-run with seed 43" in fast.reason, fast.reason
+    assert (root / "runs" / "t" / f"0002-{fast.commit}" / "train-confirm.log").is_file()
+    assert lr.status is Status.DISCARD and not list((root / "runs" / "t").glob("0003-*/train-confirm.log"))

@@ -19,7 +19,7 @@ from ..knobs import read_knobs, set_knobs
 from ..ledger import Row, Status
 from ..proposers import Context, Proposal, ProposalFailed
 from ..proposers.search import describe_change
-from ..repeats import find_repeat
+from ..repeats import built_config, find_repeat
 from ..executors.local import clean_worktree
 from . import settle
 from .context import Experiment, Outcome, SlotContext, safe_knobs, write_json
@@ -148,7 +148,7 @@ def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
     else:
         seen = Context(ctx.root, lp.train_file, before, lp.ledger.best_kept(), _rows_in_flight(lp),
                        spec.id, x.stage, lp.tag, lp.profile, lp.budget(None), lp.eval_tokens, lp.noise,
-                       list(lp.cfg.allowed_paths), _agent_policy(lp), lp.cfg.objective)
+                       list(lp.cfg.allowed_paths), _agent_policy(lp), lp.cfg.objective, built=_built(lp))
         try:
             proposal = lp.proposer.propose(seen)
         except ProposalFailed as e:
@@ -164,6 +164,12 @@ def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
         except ConfigError as e:
             return str(e)
     return proposal
+
+
+def _built(lp) -> dict | None:
+    """The model the best kept experiment built (its checkpoint's config), for a proposer to read."""
+    best = lp.ledger.best_kept()
+    return built_config(lp.exp_dir_of(best)) if best is not None and best.exp_id is not None else None
 
 
 def _rows_in_flight(lp) -> list[Row]:
