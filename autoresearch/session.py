@@ -47,7 +47,7 @@ from .integrity import Fingerprint, no_bytecode
 from .knobs import read_knobs
 from .layout import RunsLayout
 from .ledger import Ledger, Row, Status, now_iso, read_results
-from .lock import RepoLock
+from .lock import RepoLock, refuse_if_held
 from .metrics import StepPoint
 from .objective import shown
 from .proposers import Proposer
@@ -248,7 +248,8 @@ class Loop:
 
     def _prepare_tree(self, resume: bool) -> None:
         """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""
-        on_branch = self.git.current_branch() == self.branch
+        was = self.git.current_branch()
+        on_branch = was == self.branch
         if resume and on_branch:
             if self.git.clear_stale_index_lock():
                 self.say("removed a stale .git/index.lock left by the stopped run", "warn")
@@ -263,8 +264,11 @@ class Loop:
             head = self.git.head_sha()
             write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso(),
                                "settings": settings, "objective": self.cfg.objective.describe()})
-            self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
-                     f"in runs/{self.tag}/")
+            where = f"the HEAD of {was}" if was else "a detached HEAD"
+            if was and was.startswith("autoresearch/sweep-"):
+                where += " (a sweep's branch: `git checkout` another first to start elsewhere)"
+            self.say(f"branch {self.branch} starts at {short(head)}, {where}" if created else
+                     f"branch {self.branch} adopted at {short(head)}; results in runs/{self.tag}/")
         else:
             self._refuse_incomparable(self.tag)   # checked at start, again under the lock
         self.base_sha = json.loads(meta.read_text())["base"]
@@ -516,6 +520,15 @@ def _sigterm_as_interrupt():
 def _restore_sigterm(old) -> None:
     if old is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, old)
+
+
+def check_repo(repo: str | Path) -> Path:
+    """The repository's root, once it is known to be one with a commit and no other ar holds its lock: what every
+    command that runs experiments checks before it says or makes anything."""
+    git = GitRepo(repo)
+    git.ensure_commits()
+    refuse_if_held(RunsLayout(git.root).lock)
+    return git.root
 
 
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,

@@ -30,7 +30,7 @@ from .harness import checkpoint
 from .layout import RunsLayout
 from .ledger import Ledger, Row, Status, now_iso
 from .queue import Spec
-from .session import Loop
+from .session import Loop, check_repo
 
 TRIALS = "trials.tsv"
 _SETTINGS = ("time_budget", "dataset", "profile", "eval_tokens")   # what makes a score compare with the tag's
@@ -193,7 +193,7 @@ class Tryout(Loop):
 def run(cfg: RunConfig, repo: Path, tag: str | None, action: Callable[[Tryout], TryResult], *, on_event=None,
         command: str) -> TryResult:
     """Open a Tryout on the tag (its settings applied), run `action`, close."""
-    git = GitRepo(repo)
+    git = GitRepo(check_repo(repo))
     chosen = pick_tag(git.root, tag)
     cfg = tag_config(cfg, RunsLayout(git.root), chosen)
     with Tryout(cfg, git.root, chosen, on_event=on_event, command=command) as t:

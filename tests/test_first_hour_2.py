@@ -313,3 +313,79 @@ def test_a_win_at_a_very_different_throughput_with_the_same_model_is_confirmed_f
     assert "ran at 3.0x its tokens/s, so confirmed by a re-run with seed 43" in fast.reason, fast.reason
     assert (root / "runs" / "t" / f"0002-{fast.commit}" / "train-confirm.log").is_file()
     assert lr.status is Status.DISCARD and not list((root / "runs" / "t").glob("0003-*/train-confirm.log"))
+
+
+# ------------------------------------------------------------------------------------------------ friction
+
+def test_a_refused_run_or_sweep_says_nothing_before_the_lock_error(tmp_path, prepared_cache):
+    from test_first_hour import holding_the_lock
+    from test_loop import make_repo
+
+    root = make_repo(tmp_path)
+    (root / "s.yaml").write_text("name: lr\nprofile: cpu\naxes: {LR_MULT: [1.0, 2.0]}\n")
+    with holding_the_lock(root):
+        for args in (("run", "--tag", "other"), ("sweep", "s.yaml"), ("try",)):
+            r = ar(*args, cwd=root)
+            assert r.returncode == 3 and r.stdout == "", (args, r.stdout)
+            assert r.stderr.startswith("error: ar is already running here") and r.stderr.count("\n") == 1, r.stderr
+    assert not (root / "runs" / "other").exists()
+
+
+def test_outside_a_repository_one_message_says_all_the_way(tmp_path):
+    r = ar("run", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "`ar init DIR`" in r.stderr and "git init && git add train.py && git commit -m baseline" in r.stderr
+
+
+def test_with_no_git_identity_the_dirty_tree_advice_works(tmp_path):
+    import os
+    from test_loop import make_repo
+
+    root = make_repo(tmp_path)                                  # committed with -c user.*: no identity stored
+    (root / "train.py").write_text((root / "train.py").read_text() + "\n# my edit\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(HOME=str(tmp_path), GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run"], cwd=root, capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 1 and "uncommitted changes (train.py)" in r.stderr, r.stderr
+    assert "git -c user.name=you -c user.email=you@example.com commit -am" in r.stderr and "ar try" in r.stderr
+
+
+def test_a_mistyped_config_key_gets_a_suggestion_and_the_run_limits_are_keys(tmp_path, prepared_cache):
+    from autoresearch.config import load_config
+    from autoresearch.errors import ConfigError
+    from autoresearch.ledger import read_results
+    from test_loop import make_repo
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_experiment: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert "did you mean 'max_experiments'?" in str(e.value) and "known keys" not in str(e.value)
+    assert load_config(None, {"max_hours": 2.0}).max_hours == 2.0
+    root = make_repo(tmp_path)
+    (tmp_path / "run.yaml").write_text("profile: cpu\ntime_budget: 0.5\neval_tokens: 2048\nnoise: 0.002\n"
+                                       "max_experiments: 1\n")
+    r = ar("run", "--tag", "t", "--config", tmp_path / "run.yaml", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped: reached --max-experiments 1" in r.stdout
+    assert len(read_results(root / "runs" / "t" / "results.tsv")) == 1
+    lines = r.stdout.splitlines()
+    assert sum("results in runs/t/" in ln for ln in lines) == 1, r.stdout     # the tag named once
+    assert any(ln.startswith("branch autoresearch/t starts at ") for ln in lines), r.stdout
+    st = json.loads(ar("status", "--tag", "t", "--json", cwd=root).stdout)
+    assert st["tag"] == "t" and st["counts"] == {"keep": 1}
+    missing = ar("status", "--tag", "nope", cwd=root)
+    assert missing.returncode == 1 and "no tag 'nope'" in missing.stderr and "tags: t" in missing.stderr
+
+
+def test_the_progress_plot_shows_the_noise_threshold():
+    import matplotlib.pyplot as plt
+    from autoresearch import plots
+
+    fig = plots.progress_figure(quick_start_rows(), noise=0.198)
+    try:
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert "noise threshold (0.198): a win clears it" in labels, labels
+    finally:
+        plt.close(fig)

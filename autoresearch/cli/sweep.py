@@ -12,6 +12,7 @@ from .. import sweep as sw
 from .. import sweepfile as sf
 from ..config import load_config
 from ..harness.gpus import check_override as check_gpu_table
+from ..session import check_repo
 from .run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
 
 
@@ -33,6 +34,8 @@ def sweep(
     """Run a sweep file: each point a commit on autoresearch/sweep-<name>; a second call resumes it."""
     cfg = load_config(config, scale_out(gpus, stale_policy, executor, address))
     check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU point
+    if not dry_run:
+        check_repo(repo)   # another ar holds the repo: say so before the plan
     plan = sf.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
     print_table(f"plan ({order or plan.sweep.order})", ("#", "state", "budget", "point"), plan.rows())
     console.print(plan.summary(), highlight=False)
