@@ -542,6 +542,7 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     if custom and cfg.proposer in (None, "strategy") and not cfg.agent:
         raise ConfigError("the objective needs a proposer: --agent claude|codex|aider|'COMMAND {prompt_file}', or "
                           "proposer grid or random with a search_space of the file's knobs")
+    check_repo(repo)   # not a repository, or another ar holds it: said before anything else is
     proposer = make_proposer(cfg)
     loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
     if cfg.proposer is None and proposer.name == "strategy":

@@ -332,6 +332,7 @@ def test_a_refused_run_or_sweep_says_nothing_before_the_lock_error(tmp_path, pre
 
 
 def test_outside_a_repository_one_message_says_all_the_way(tmp_path):
+    (tmp_path / "train.py").write_text("DEPTH = 1\n")
     r = ar("run", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "`ar init DIR`" in r.stderr and "git init && git add train.py && git commit -m baseline" in r.stderr

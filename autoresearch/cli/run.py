@@ -15,7 +15,7 @@ from ..config import load_config
 from ..harness.gpus import check_override as check_gpu_table
 from ..ledger import Row, Status
 from ..session import Event, Summary
-from ..session import build, check_repo
+from ..session import build
 from ..status import read_status
 from . import app, brackets, console
 
@@ -116,7 +116,6 @@ def run(
                                "sandbox": False if unsandboxed else None, **scale_out(
                                    gpus, stale_policy, executor, address)})
     check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU experiment
-    check_repo(repo)   # not a repository, or another ar holds it: say so before anything else
     view = LiveView()
     loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,
                  command="ar " + " ".join(sys.argv[1:]))
