@@ -670,6 +670,9 @@ def main() -> int:
             return 1
         raise
     print(logfmt.format_summary(**summary), flush=True)
+    if env.tok_dir is None:   # run by hand (ar always passes its training view): no score here, say where it is
+        print(f"to score it: `ar eval {env.checkpoint_dir}` (the trusted evaluator), or `ar try` to train this tree "
+              "the way ar does and compare it with the best", flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ Unknown keys and badly typed values are errors that name the key and the file, r
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import shlex
 import sys
@@ -63,6 +64,8 @@ class RunConfig:
     degraded_warmup_steps: int = 10
     degraded_patience: int = 20
     max_consecutive_crashes: int = 5       # crash, timeout or rejected in a row stops the loop
+    max_experiments: int | None = None     # stop after this many experiments (--max-experiments); None: no limit
+    max_hours: float | None = None         # start no experiment after this many hours (--max-hours)
     # proposing
     proposer: str | None = None            # agent | grid | random | strategy; None: agent if `agent` is set
     agent: str | None = None               # preset (claude, codex, aider) or a command with {prompt}/{prompt_file}
@@ -105,7 +108,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     num = (int, float)
     if value is None:
         if key in {"time_budget", "eval_tokens", "holdout_tokens", "untimed_steps", "noise", "min_mfu", "min_tokens_per_s", "proposer", "agent", "gpus",
-                   "ray_address", "max_usd"}:
+                   "ray_address", "max_usd", "max_experiments", "max_hours"}:
             return None
         raise ConfigError(f"{where} may not be empty")
     if key == "objective":
@@ -140,14 +143,14 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be true or false")
         return value
     if key in ("seed", "eval_tokens", "holdout_tokens", "untimed_steps", "degraded_warmup_steps", "degraded_patience", "max_consecutive_crashes",
-               "last_n_results", "plateau_after"):
+               "last_n_results", "plateau_after", "max_experiments"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} must be an integer, not {value!r}")
-        if key != "seed" and value < (1 if key in ("eval_tokens", "max_consecutive_crashes") else 0):
+        if key != "seed" and value < (1 if key in ("eval_tokens", "max_consecutive_crashes", "max_experiments") else 0):
             raise ConfigError(f"{where} must be positive, not {value}")
         return value
     if key in ("time_budget", "startup_allowance", "eval_allowance", "noise", "min_mfu", "min_tokens_per_s",
-               "agent_timeout", "hook_timeout", "max_log_mb", "max_usd"):
+               "agent_timeout", "hook_timeout", "max_log_mb", "max_usd", "max_hours"):
         if isinstance(value, bool) or not isinstance(value, num) or not math.isfinite(value):
             raise ConfigError(f"{where} must be a finite number, not {value!r}")
         if value < 0 or (value == 0 and key in ("time_budget", "agent_timeout", "hook_timeout", "max_log_mb",
@@ -227,7 +230,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"{p} must be a YAML mapping of settings")
         for key, value in raw.items():
             if key not in FIELD_NAMES:
-                raise ConfigError(f"unknown key {key!r} in {p}; known keys: {', '.join(FIELD_NAMES)}")
+                near = difflib.get_close_matches(str(key), FIELD_NAMES, n=1, cutoff=0.6)
+                hint = f"did you mean {near[0]!r}?" if near else "configs/run.yaml lists every key"
+                raise ConfigError(f"unknown key {key!r} in {p}; {hint}")
             values[key] = _check_type(key, value, str(p))
     for key, value in (overrides or {}).items():
         if value is None:

@@ -2,7 +2,9 @@
 
 One JSON object per line, `{"t": unix time, "type": ..., fields}`:
 
-    session_started     tag, branch, profile, slots [{slot, label, gpu, kind}], by_slot, budget, noise, pid, host
+    session_started     tag, branch, profile, slots [{slot, label, gpu, kind}], by_slot, budget (None: a sweep,
+                        whose points carry theirs), noise, pid, host
+    settings            a setting that changed since: noise (the calibrated threshold)
     experiment_started  exp_id, kind, slot, parent, commit, description, budget
     phase               exp_id, phase (proposing, committing, training, evaluating, settling), and what has
                         become known since: commit, description, budget
@@ -66,6 +68,10 @@ class EventLog:
     def session_started(self, **fields) -> None:
         self._why, self._stopped = "", False
         self.write("session_started", pid=os.getpid(), host=socket.gethostname(), **fields)
+
+    def settings(self, **fields) -> None:
+        """A session setting that changed since session_started (the noise threshold once calibrated)."""
+        self.write("settings", **fields)
 
     def stopping(self, why: str) -> None:
         """The reason the next session_stopped gives (a run's stop; the session may run again, in a sweep)."""
@@ -188,6 +194,8 @@ def fold(events: Iterable[dict]) -> dict:
         elif typ == "session_stopped":
             head = head | {"state": "stopped", "why": e.get("why")}
             live = {}
+        elif typ == "settings":
+            head = head | {k: v for k, v in e.items() if k not in ("type", "t")}
         elif typ in _EXP and isinstance(i, int):
             if typ == "experiment_settled":
                 live.pop(i, None)
@@ -271,7 +279,7 @@ def compact(events: list[dict]) -> list[dict]:
     out = [events[last_settled]] if last_settled is not None and last_settled < start else []
     for n, e in enumerate(tail):
         typ, i = e.get("type"), e.get("exp_id")
-        if typ in ("session_started", "session_stopped") or start + n == last_settled or (
+        if typ in ("session_started", "session_stopped", "settings") or start + n == last_settled or (
                 typ in ("experiment_started", "phase") and i not in settled) or (
                 typ == "step" and i not in settled and last_step.get(i) == n):
             out.append(e)

@@ -50,7 +50,9 @@ class GitRepo:
         try:
             self.repo = git.Repo(Path(path), search_parent_directories=False)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise GitError(f"{path} is not a git repository; run `git init` there (or pass --repo)") from None
+            raise GitError(f"{path} is not a git repository with a commit; `ar init DIR` makes a workspace, or make "
+                           "this one: git init && git add train.py && git commit -m baseline (or pass --repo)"
+                           ) from None
         if self.repo.bare:
             raise GitError(f"{path} is a bare repository; ar needs a working tree")
         self.root = Path(self.repo.working_tree_dir).resolve()
@@ -105,8 +107,11 @@ class GitRepo:
         dirty = self.dirty_paths()
         if dirty:
             shown = ", ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
-            raise GitError(f"the working tree has uncommitted changes ({shown}); commit them "
-                           "(git commit -am '…') or put them aside (git stash) before `ar run`")
+            commit = "git commit -am '…'" if self._env is None else (
+                "git -c user.name=you -c user.email=you@example.com commit -am '…' (git has no identity here; "
+                "`git config --global user.name/user.email` sets one)")
+            raise GitError(f"the working tree has uncommitted changes ({shown}); commit them ({commit}), put them "
+                           "aside (git stash), or score them first with `ar try`, before `ar run`")
 
     def ensure_ignored(self, patterns: tuple[str, ...] = None) -> None:
         """Make sure runs/ and agents' scratch files are ignored, through .git/info/exclude (nothing committed)."""
@@ -218,6 +223,18 @@ class GitRepo:
 
     def delete_ref(self, tag: str, exp_id: int) -> None:
         self._git("update-ref", "-d", f"refs/ar/{tag}/{exp_id:04d}")
+
+    def is_ancestor(self, a: str, b: str) -> bool:
+        """Whether commit a is b or one of b's ancestors."""
+        try:
+            self._git("merge-base", "--is-ancestor", a, b)
+            return True
+        except GitError:
+            return False
+
+    def paths_between(self, a: str, b: str) -> list[str]:
+        """Paths that differ between commits a and b."""
+        return sorted(filter(None, self._git("diff", "--name-only", "-z", "--no-renames", a, b, "--").split("\0")))
 
     def commits_since(self, base: str) -> list[str]:
         """SHAs on HEAD after `base`, oldest first."""

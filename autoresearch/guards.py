@@ -54,8 +54,12 @@ def snapshot(repo: GitRepo, parent: str, tag_dir: Path) -> Snapshot:
     return Snapshot(parent, repo.untracked(), git_state(repo.git_dir), _runs_files(tag_dir), backups)
 
 
-def _allowed(path: str, allowed: list[str]) -> bool:
-    return any(path == a or fnmatch.fnmatch(path, a) for a in allowed)
+def allowed(path: str, allowed_paths: list[str]) -> bool:
+    """Whether a proposal may change `path` (the config's allowed_paths: names or glob patterns)."""
+    return any(path == a or fnmatch.fnmatch(path, a) for a in allowed_paths)
+
+
+_allowed = allowed
 
 
 def check_scope(repo: GitRepo, snap: Snapshot, allowed: list[str], tag_dir: Path,

@@ -50,6 +50,7 @@ class Status(str, Enum):
     PRUNED = "pruned"
     STALE = "stale"
     VALIDATION = "validation"
+    TRIAL = "trial"          # `ar try` / `ar eval`: runs/<tag>/trials.tsv only, never results.tsv
 
     def __str__(self) -> str:
         return self.value
@@ -65,7 +66,7 @@ HEADER = "\t".join(COLUMNS) + "\n"
 
 # How each numeric column is written (digits after the point) and read back.
 _FLOATS = {"val_bpb": 6, "memory_gb": 1, "mfu": 2, "tokens_per_s": 0, "training_seconds": 1,
-           "total_seconds": 1, "total_tokens_M": 1, "agent_usd": 4}
+           "total_seconds": 1, "total_tokens_M": 6, "agent_usd": 4}  # tokens to the unit: a CPU run reads thousands
 _INTS = ("exp_id", "num_steps", "seed", "agent_tokens")
 _TIMESTAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?([+-]\d{2}:\d{2}|Z)$")
 

@@ -118,6 +118,14 @@ def describe(meta: dict | None) -> str:
     return f"pid {meta['pid']} on host {meta.get('host')} since {since}" + (f" ({what})" if what else "")
 
 
+def refuse_if_held(lock_path: Path, label: str = "here") -> None:
+    """LockHeld now when another ar holds the lock: a command checks before it says or makes anything (the
+    lock itself is taken later, and checked again then)."""
+    holder = read_holder(lock_path)
+    if holder is not None:
+        raise LockHeld(f"ar is already running {label}: {describe(holder)}; wait for it or stop it")
+
+
 class RepoLock:
     """Exclusive, non-blocking lock: `with RepoLock(runs / ".ar.lock", tag=..., command="ar run"):`."""
 

@@ -18,7 +18,7 @@ KEPT, DISCARDED, BEST = "#2ca02c", "#b0b0b0", "#1f5f1f"
 MAX_LABELS = 30  # kept changes named on the progress plot; beyond that only the biggest steps down
 
 
-def progress_figure(rows: Sequence, title: str = "", objective: dict | None = None):
+def progress_figure(rows: Sequence, title: str = "", objective: dict | None = None, noise: float | None = None):
     """The progress plot as a matplotlib Figure (Agg): val_bpb per experiment in order on integer ticks, discarded
     runs faint, kept runs marked and named (wrapped, never past the plot's edge), the running best as a step line,
     the legend under the plot; re-runs of a commit with other seeds hollow. Runs far above the kept ones sit on the
@@ -53,6 +53,11 @@ def progress_figure(rows: Sequence, title: str = "", objective: dict | None = No
         running = [(min if lower else max)(ys[:k + 1]) for k in range(len(ys))]
         ax.step(list(xs) + [len(rows)], running + [running[-1]], where="post", color=BEST, lw=2,
                 label="running best", zorder=2)
+        if noise:   # a win must clear the band: a discard inside it beat the best by less than the noise
+            edge = [v - noise if lower else v + noise for v in running]
+            ax.fill_between(list(xs) + [len(rows)], running + [running[-1]], edge + [edge[-1]], step="post",
+                            color=BEST, alpha=0.12, lw=0, label=f"noise threshold ({noise:g}): a win clears it",
+                            zorder=1)
         ax.scatter(xs, ys, s=46, color=KEPT, edgecolors="black", linewidths=0.6, label="kept", zorder=3)
         for x, y, text in _labelled(kept):
             ax.annotate(_short_label(text), (x, y), xytext=(3, 5), textcoords="offset points", fontsize=8,
@@ -117,9 +122,21 @@ def _fit(fig, axes) -> None:
                 t.set_rotation(30 if left == down else -30)
 
 
-def plot(rows: Sequence, path: str | Path, title: str = "", objective: dict | None = None) -> Path:
+def plot(rows: Sequence, path: str | Path, title: str = "", objective: dict | None = None,
+         noise: float | None = None) -> Path:
     """The progress plot (`progress_figure`) written as PNG."""
-    return _save(progress_figure(rows, title, objective), path)
+    return _save(progress_figure(rows, title, objective, noise), path)
+
+
+def tag_noise(repo: str | Path, tags: Sequence[str]) -> float | None:
+    """The calibrated keep threshold of one tag (its noise.json), for the band of the progress plot."""
+    import json
+    if len(tags) != 1:
+        return None
+    try:
+        return float(json.loads(RunsLayout(Path(repo)).tag(tags[0]).noise.read_text())["noise"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def grid_figure(points: Sequence[dict], title: str = ""):
@@ -208,7 +225,7 @@ def write_plots(data: dict, rows: Sequence, repo: str | Path, path: str | Path |
         race_rows = [r for r in rows if not getattr(r, "sweep", None)
                      and not (status_of(r) == "validation" and any(r.commit in p["commits"] for p in data["points"]))]
         out["plot"] = str(plot(race_rows, path, title=f"{', '.join(tags)}: {len(race_rows)} experiments",
-                               objective=data.get("objective")))
+                               objective=data.get("objective"), noise=tag_noise(repo, tags)))
     if data["points"]:
         if path is None and len(tags) != 1:
             return out

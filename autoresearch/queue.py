@@ -21,7 +21,7 @@ from .ledger import LedgerError, append_line, is_json_object, now_iso
 
 log = logging.getLogger(__name__)
 
-KINDS = ("baseline", "propose", "knobs", "rerun")
+KINDS = ("baseline", "propose", "knobs", "rerun", "commit")  # commit: the user's own, found on the branch
 
 
 @dataclass

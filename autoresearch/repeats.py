@@ -38,6 +38,37 @@ _cache: dict[tuple[str, str, str], str | None] = {}     # (git dir, sha, path) o
 _cache_lock = threading.Lock()
 
 
+def built_config(exp_dir: Path | None) -> dict | None:
+    """The model an experiment built: the config of its checkpoint's model.json (copied beside its record), or
+    None when it saved none."""
+    try:
+        doc = json.loads((Path(exp_dir) / "model.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return None
+    return doc.get("config") if isinstance(doc, dict) and isinstance(doc.get("config"), dict) else None
+
+
+def model_knob(name: str, config: dict) -> bool:
+    """A knob the built model's config records under its own name (DEPTH -> depth): what it changes shows there."""
+    return name.lower() in config
+
+
+def same_build(best_dir: Path | None, best_knobs: dict, cand_dir: Path | None, cand_knobs: dict) -> str | None:
+    """Why the candidate built and trained the same as the best, or None. The same when both checkpoints hold the
+    same model config and every knob that differs is one that config records (a profile that clamps DEPTH 7 and
+    6 to one layer builds one model from both): then only the machine made the difference. A knob outside the
+    config (LR, batch, schedule) may change the training, so it is never called the same."""
+    a, b = built_config(best_dir), built_config(cand_dir)
+    if a is None or b is None or a != b:
+        return None
+    moved = sorted(k for k in set(best_knobs) | set(cand_knobs) if best_knobs.get(k) != cand_knobs.get(k))
+    if not moved or not all(model_knob(k, a) for k in moved):
+        return None
+    shown = ", ".join(f"{k} {v}" for k, v in a.items() if not isinstance(v, (dict, list)))[:120]
+    return (f"it builds the same model as the best ({shown}): {', '.join(moved)} changes nothing in it on this "
+            "profile, so the difference is the machine's (throughput), not the change's")
+
+
 def _tokens(text: str) -> list[str]:
     """The tokens of Python source without comments, blank lines and spacing; indentation is kept as block
     structure (INDENT/DEDENT), not as a width. Source that does not tokenize (an unterminated string) is

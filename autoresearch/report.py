@@ -26,7 +26,8 @@ from .objective import DEFAULT, VAL_BPB, Objective
 from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, _norm_knobs, point_label, show_number, show_value, status_of
 
-CANDIDATES = frozenset({"keep", "discard"})  # rows that may be "the best config"
+CANDIDATES = frozenset({"keep", "discard"})  # rows the top table ranks
+KEPT = frozenset({"keep"})  # a run's best: what the branch holds, as `ar run`, `ar status` and the journal say
 _FIELDS = ("commit", "val_bpb", "memory_gb", "status", "description", "exp_id", "tag", "parent", "mfu",
            "tokens_per_s", "training_seconds", "total_seconds", "num_steps", "total_tokens_M", "time_budget",
            "seed", "knobs", "reason", "started_at", "finished_at", "sweep")
@@ -99,8 +100,8 @@ def journals(repo: str | Path, tags: Sequence[str]) -> dict[str, str]:
     return {t: str(runs.tag(t).journal) for t in tags if runs.tag(t).journal.exists()}
 
 
-def best_row(rows: Sequence, objective: Objective = DEFAULT):
-    cands = [r for r in rows if status_of(r) in CANDIDATES and r.val_bpb is not None and math.isfinite(r.val_bpb)]
+def best_row(rows: Sequence, objective: Objective = DEFAULT, statuses: frozenset = CANDIDATES):
+    cands = [r for r in rows if status_of(r) in statuses and r.val_bpb is not None and math.isfinite(r.val_bpb)]
     return min(cands, key=lambda r: objective.loss(r.val_bpb)) if cands else None
 
 
@@ -231,7 +232,8 @@ def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callab
     in_sweep = _in_sweep(rows, points)
     race = [i for i in range(len(rows)) if i not in in_sweep]
     race_rows = [rows[i] for i in race]
-    best, best_point = best_row(race_rows, objective), None
+    # a discard may score lower (a gain inside the noise), but it is not on the branch: never the best
+    best, best_point = best_row(race_rows, objective, KEPT), None
     if best is None and points and points[0]["mean"] is not None:  # a sweep: the best point, its best seed
         best_point = points[0]
         best = _best_finished([r for i, r in enumerate(rows) if i in in_sweep and r.commit in best_point["commits"]])

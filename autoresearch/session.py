@@ -14,7 +14,8 @@ branch go back to the best kept commit; refs of half-made experiment commits are
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
 "time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
 "rerun" ({"commit": sha, "seed": int, "time_budget": s|None}: the same commit with another seed, recorded
-as `validation`, never changing the best). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
+as `validation`, never changing the best), "commit" ({"commit": sha, "description": str}: the user's own commit
+found on the branch at open, run as it is and decided like a proposal). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
 `with Loop(...)`, then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a
 run as `pruned`.
 
@@ -33,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import compile_cache, faults
+from . import compile_cache, faults, guards
 from .config import RunConfig
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, GitError
 from .events import EventLog, slot_fields
 from .gitops import GitRepo, branch_name, check_tag, default_tag, short
 from .harness import sandbox
@@ -47,7 +48,7 @@ from .integrity import Fingerprint, no_bytecode
 from .knobs import read_knobs
 from .layout import RunsLayout
 from .ledger import Ledger, Row, Status, now_iso, read_results
-from .lock import RepoLock
+from .lock import RepoLock, refuse_if_held
 from .metrics import StepPoint
 from .objective import shown
 from .proposers import Proposer
@@ -150,7 +151,7 @@ class Loop:
             raise
         self._open = True
         self.events.session_started(tag=self.tag, branch=self.branch, profile=self.profile.name, by_slot=self.multi,
-                                    slots=[slot_fields(s) for s in self.slots], budget=self.budget(None),
+                                    slots=[slot_fields(s) for s in self.slots], budget=self.session_budget(),
                                     noise=self.noise)
         if self.multi:
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
@@ -196,7 +197,8 @@ class Loop:
                 settle.fire(self, recorded[spec.id])
         if rows and rows[-1].exp_id is not None:     # hooks of the last row, if ar died before firing them
             settle.fire(self, rows[-1])
-        self.best_sha = self._restore_best()
+        yours = self._take_users_commit()
+        self.best_sha = self._restore_best(quiet=yours)
         self.trusted_commits = {self.base_sha}   # the user's commit; the session adds ar's own knob edits of it
         if self.cfg.compile_cache:    # made now, so that the agent's sandbox denies it as it is (prepare.py)
             compile_cache.store_dir(default_cache()).mkdir(parents=True, exist_ok=True)
@@ -251,7 +253,8 @@ class Loop:
 
     def _prepare_tree(self, resume: bool) -> None:
         """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""
-        on_branch = self.git.current_branch() == self.branch
+        was = self.git.current_branch()
+        on_branch = was == self.branch
         if resume and on_branch:
             if self.git.clear_stale_index_lock():
                 self.say("removed a stale .git/index.lock left by the stopped run", "warn")
@@ -266,8 +269,11 @@ class Loop:
             head = self.git.head_sha()
             write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso(),
                                "settings": settings, "objective": self.cfg.objective.describe()})
-            self.say(f"branch {self.branch} {'created' if created else 'adopted'} at {short(head)}; results "
-                     f"in runs/{self.tag}/")
+            where = f"the HEAD of {was}" if was else "a detached HEAD"
+            if was and was.startswith("autoresearch/sweep-"):
+                where += " (a sweep's branch: `git checkout` another first to start elsewhere)"
+            self.say(f"branch {self.branch} starts at {short(head)}, {where}" if created else
+                     f"branch {self.branch} adopted at {short(head)}; results in runs/{self.tag}/")
         else:
             self._refuse_incomparable(self.tag)   # checked at start, again under the lock
         self.base_sha = json.loads(meta.read_text())["base"]
@@ -340,14 +346,41 @@ class Loop:
                  f"(not {short(self.base_sha)})")
         self.base_sha = head
 
-    def _restore_best(self) -> str:
-        """Reset the branch and tree to the best kept commit; drop refs of experiments without a row."""
+    def _take_users_commit(self) -> bool:
+        """A commit on the branch that is no recorded experiment is the user's own work (the dirty-tree refusal
+        told them to commit): it is queued to run as a proposal, against the best, rather than reset over. One
+        that changes what experiments may not change is refused, with the way to keep it."""
+        best = self.ledger.best_kept()
+        if best is None or self.git.dirty_paths():
+            return False
+        head, best_sha = self.git.head_sha(), self.git.resolve(best.commit)
+        if (self.git.is_ancestor(head, best_sha) or short(head) in {r.commit for r in self.ledger.rows()}
+                or "\nar: tag " in self.git.repo.commit(head).message
+                or any(s.payload.get("commit") == head for s in self.queue.pending() if s.kind == "commit")):
+            return False
+        outside = [p for p in self.git.paths_between(best_sha, head) if not guards.allowed(p, self.cfg.allowed_paths)]
+        if outside:
+            raise GitError(f"your commit {short(head)} on {self.branch} is not a recorded experiment and changes "
+                           f"{', '.join(outside[:3])}, which an experiment may not change, so it cannot run as one; "
+                           f"keep it on a branch of its own and go back to the best (git branch my-work "
+                           f"{short(head)} && git reset --hard {short(best_sha)}), then `ar run` again")
+        subject = self.git.repo.commit(head).summary.strip()[:120]
+        spec = self.queue.add("commit", {"commit": head, "description": f"your commit {short(head)}: {subject}"})
+        self.git.keep_ref(self.tag, spec.id, head)    # reachable whatever becomes of the branch meanwhile
+        self.say(f"your commit {short(head)} on {self.branch} is not a recorded experiment: it runs as experiment "
+                 f"{spec.id:04d}, a proposal against the best {short(best_sha)} (kept only if it beats it)")
+        return True
+
+    def _restore_best(self, quiet: bool = False) -> str:
+        """Reset the branch and tree to the best kept commit; drop refs of experiments without a row. `quiet`:
+        the user's commit was just queued (and said so); it is not dropped."""
         best = self.ledger.best_kept()
         sha = self.git.resolve(best.commit) if best else self.base_sha
         if self.git.head_sha() != sha or self.git.dirty_paths():
             self.git.reset_hard(sha)
-            self.say(f"train.py restored to the best kept commit {short(sha)}")
-        recorded = {r.exp_id for r in self.ledger.rows()}
+            if not quiet:
+                self.say(f"train.py restored to the best kept commit {short(sha)}")
+        recorded = {r.exp_id for r in self.ledger.rows()} | {s.id for s in self.queue.pending() if s.kind == "commit"}
         for exp_id in self.git.exp_refs(self.tag):
             if exp_id not in recorded:
                 self.git.delete_ref(self.tag, exp_id)
@@ -467,6 +500,10 @@ class Loop:
             compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None)
 
     # --------------------------------------------------------------------------------------- helpers
+    def session_budget(self) -> float | None:
+        """The budget every experiment of the session runs at; None for a sweep, whose points carry their own."""
+        return None if self.command.startswith("ar sweep") else self.budget(None)
+
     def budget(self, spec_budget: float | None) -> float:
         return float(spec_budget or self.cfg.time_budget or self.profile.time_budget)
 
@@ -491,6 +528,15 @@ def _restore_sigterm(old) -> None:
         signal.signal(signal.SIGTERM, old)
 
 
+def check_repo(repo: str | Path) -> Path:
+    """The repository's root, once it is known to be one with a commit and no other ar holds its lock: what every
+    command that runs experiments checks before it says or makes anything."""
+    git = GitRepo(repo)
+    git.ensure_commits()
+    refuse_if_held(RunsLayout(git.root).lock)
+    return git.root
+
+
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
           calibrate_noise: int = 0, command: str = "ar run") -> Loop:
     """The loop `ar run` runs: proposer, profile and data chosen from the config, each default said in one line."""
@@ -502,6 +548,7 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     if custom and cfg.proposer in (None, "strategy") and not cfg.agent:
         raise ConfigError("the objective needs a proposer: --agent claude|codex|aider|'COMMAND {prompt_file}', or "
                           "proposer grid or random with a search_space of the file's knobs")
+    check_repo(repo)   # not a repository, or another ar holds it: said before anything else is
     proposer = make_proposer(cfg)
     turns = None
     if (proposer.name == "agent" and cfg.gpus is None and cfg.executor != "ray" and not custom

@@ -6,18 +6,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import events, objective
+from .errors import ArError
 from .gitops import GitRepo
 from .layout import EVENTS, RESULTS, RunsLayout
 from .ledger import Ledger
 from .lock import read_holder
 
 
-def read_status(repo: str | Path) -> dict:
-    """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far."""
+def read_status(repo: str | Path, tag: str | None = None) -> dict:
+    """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far; of
+    `tag` when given (as report, journal and serve take it), else of the running or the last tag."""
     root = GitRepo(repo).root
     runs = RunsLayout(root)
     holder = read_holder(runs.lock) if runs.lock.exists() else None
-    tag = holder.get("tag") if holder else None
+    if tag is not None and not runs.tag(tag).dir.is_dir():
+        have = sorted(p.parent.name for p in runs.tags_with(RESULTS))
+        raise ArError(f"no tag {tag!r} under {runs.runs}; " + (f"tags: {', '.join(have)}" if have else
+                                                               "run `ar run` first"))
+    if holder and tag is not None and holder.get("tag") != tag:
+        holder = None     # the lock is another tag's: this one is not running
+    tag = tag or (holder.get("tag") if holder else None)
     if not tag:
         docs = sorted(runs.tags_with(EVENTS) or runs.tags_with(RESULTS), key=lambda p: p.stat().st_mtime)
         tag = docs[-1].parent.name if docs else None
@@ -32,5 +40,6 @@ def read_status(repo: str | Path) -> dict:
     out["objective"] = obj.describe()
     for r in rows:
         out["counts"][r.status.value] = out["counts"].get(r.status.value, 0) + 1
+    out["budgets"] = sorted({r.time_budget for r in rows if r.time_budget is not None})  # what the rows ran at
     out["running"] = holder is not None
     return out

@@ -21,7 +21,7 @@ from .errors import ArError, GitError
 
 TOP_LEVEL = ("train.py", "program.md")
 # results, bytecode, and the README's report outputs: `ar doctor` counts any other untracked file against the repo
-GITIGNORE = "runs/\n__pycache__/\n*.pyc\nprogress.png\nresults.json\n"
+GITIGNORE = "runs/\ncheckpoint/\n__pycache__/\n*.pyc\nprogress.png\nresults.json\n"  # checkpoint/: a hand run's
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ def test_run_then_status(tmp_path):
                             "--max-experiments", "3"])
     assert r.exit_code == 0, r.output
     out = r.output
-    assert "no agent configured" in out and "branch autoresearch/t created" in out
+    assert "no agent configured" in out and "branch autoresearch/t starts at" in out
     assert "0001 keep" in out and "0003 keep" in out and "stopped: reached --max-experiments 3" in out
     best = min(r.val_bpb for r in read_results(root / "runs" / "t" / "results.tsv"))
     assert f"best: {best:.6f} val_bpb" in out

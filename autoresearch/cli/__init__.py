@@ -15,6 +15,7 @@ from importlib import metadata
 from typing import Annotated, NoReturn, Sequence
 
 import typer
+import typer.core
 import typer.rich_utils
 from rich.console import Console
 from rich.markup import escape
@@ -34,6 +35,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 PLAIN_WIDTH = 1_000_000  # into a pipe: never hard-wrap (Rich would wrap at 80 columns)
+_RICH_HELP = typer.core.HAS_RICH  # typer's own switch (TYPER_USE_RICH), as it was at start
 _plain = {"stdout": False}  # set by configure_output: stdout is not a terminal (tables become tab-separated)
 
 
@@ -55,6 +57,30 @@ def configure_output(no_color: bool = False) -> None:
     for c, stderr in ((console, False), (err_console, True)):
         Console.__init__(c, **_settings(stderr, no_color))
     _plain["stdout"] = not Console().is_terminal
+    # --help into a pipe: click's plain text, never wrapped (typer's Rich panels box it at 80 columns and cut
+    # long option names short)
+    typer.core.HAS_RICH = _RICH_HELP and not _plain["stdout"]
+    if _plain["stdout"]:
+        app.info.context_settings["terminal_width"] = PLAIN_WIDTH
+    else:
+        app.info.context_settings.pop("terminal_width", None)
+
+
+def _flag_type(display=getattr(typer.core.TyperOption, "display_type_rich", None)):
+    """typer's Rich help names a type for flags too (`--unsandboxed <bool>`, `-h <bool>`), as if they took a
+    value; a flag shows none."""
+    if display is None:   # an older typer: nothing to fix
+        return
+    typer.core.TyperOption.display_type_rich = lambda self, ctx: (
+        None if self.is_flag and self.metavar is None else display(self, ctx))
+
+
+_flag_type()
+
+
+def brackets(text: str) -> str:
+    """Help text with square brackets shown as they are: Rich's help reads `[x]` as markup, click's does not."""
+    return text.replace("[", "\\[") if typer.core.HAS_RICH else text
 
 
 configure_output()
@@ -99,7 +125,7 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
 
 
 # Each module adds its commands to `app` on import.
-from . import prepare, run, sweep, report, doctor, journal, serve  # noqa: E402,F401
+from . import prepare, run, sweep, report, doctor, journal, serve, tryout  # noqa: E402,F401
 
 
 def fail(message: str, code: int, as_json: bool) -> NoReturn:

@@ -17,7 +17,7 @@ from ..ledger import Row, Status
 from ..session import Event, Summary
 from ..session import build
 from ..status import read_status
-from . import app, console
+from . import app, brackets, console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
           "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}
@@ -71,8 +71,8 @@ GpusOpt = Annotated[Optional[str], typer.Option(help="Slots: GPU indices 0,1,…
                                                    "GPU); with --executor ray: ray:N experiments in flight.")]
 StaleOpt = Annotated[Optional[str], typer.Option(help="A win whose parent is no longer the best: rerun (on the new "
                                                       "best, default) or record (as stale).")]
-ExecutorOpt = Annotated[Optional[str], typer.Option(help="local (this machine's slots) or ray (a Ray cluster; "
-                                                         "pip install 'autoresearch-ar\\[ray]').")]
+ExecutorOpt = Annotated[Optional[str], typer.Option(help=brackets("local (this machine's slots) or ray (a Ray "
+                                                                  "cluster; pip install 'autoresearch-ar[ray]')."))]
 AddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (with --executor ray).")]
 
 
@@ -112,6 +112,7 @@ def run(
     """Propose, commit, train for a fixed budget, measure val_bpb, keep or revert — until a limit."""
     cfg = load_config(config, {"proposer": proposer, "agent": agent, "time_budget": time_budget, "max_usd": max_usd,
                                "max_consecutive_crashes": max_consecutive_crashes,
+                               "max_experiments": max_experiments, "max_hours": max_hours,
                                "sandbox": False if unsandboxed else None, **scale_out(
                                    gpus, stale_policy, executor, address)})
     check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU experiment
@@ -119,17 +120,19 @@ def run(
     loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,
                  command="ar " + " ".join(sys.argv[1:]))
     with view.live:
-        summary = loop.run(max_experiments, max_hours)
+        summary = loop.run(cfg.max_experiments, cfg.max_hours)
     view.finish(summary)
     raise typer.Exit(130 if summary.interrupted else 1 if summary.failed else 0)
 
 
 @app.command()
 def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
+           tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the running one, else the "
+                                                          "newest).")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the status document (lock holder, the "
                                                                "session's state, best, counts) as JSON.")] = False) -> None:
     """Who holds the lock, what runs now and how far it is, and the best result so far."""
-    st = read_status(repo)
+    st = read_status(repo, tag)
     if as_json:
         import json
         console.out(json.dumps({"running": st["holder"] is not None, **st}, default=str), highlight=False)

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
-
-from . import app, console
+from . import app, console, print_table
 from .. import sweep as sw
 from .. import sweepfile as sf
 from ..config import load_config
 from ..harness.gpus import check_override as check_gpu_table
+from ..session import check_repo
 from .run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
 
 
@@ -35,11 +34,10 @@ def sweep(
     """Run a sweep file: each point a commit on autoresearch/sweep-<name>; a second call resumes it."""
     cfg = load_config(config, scale_out(gpus, stale_policy, executor, address))
     check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU point
+    if not dry_run:
+        check_repo(repo)   # another ar holds the repo: say so before the plan
     plan = sf.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
-    table = Table("#", "state", "budget", "point", title=f"plan ({order or plan.sweep.order})", title_justify="left")
-    for row in plan.rows():
-        table.add_row(*row)
-    console.print(table)
+    print_table(f"plan ({order or plan.sweep.order})", ("#", "state", "budget", "point"), plan.rows())
     console.print(plan.summary(), highlight=False)
     if dry_run:
         return

@@ -20,7 +20,7 @@ from ..knobs import read_knobs, set_knobs
 from ..ledger import Row, Status
 from ..proposers import Context, Proposal, ProposalFailed
 from ..proposers.search import describe_change
-from ..repeats import find_repeat
+from ..repeats import built_config, find_repeat
 from ..executors.local import clean_worktree
 from . import settle
 from .context import Experiment, Outcome, SlotContext, safe_knobs, write_json
@@ -51,6 +51,8 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     if spec.kind == "baseline":
         x.sha, x.description = x.parent, spec.payload.get("description") or "baseline"
         return _run_committed(lp, ctx, x)
+    if spec.kind == "commit":   # the user's own commit, found on the branch: run as it is, decided as a proposal
+        return _users_commit(lp, ctx, x)
     snap = guards.snapshot(ctx.git, x.parent, ctx.guard_dir(lp.tag))
     lp.events.phase(x, "proposing")
     if spec.payload.get("replay"):
@@ -84,6 +86,45 @@ def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     return _run_committed(lp, ctx, x)
 
 
+def _users_commit(lp, ctx: SlotContext, x: Experiment) -> Outcome:
+    """The same content checks as any proposal's (scope was checked when it was found), on the commit itself."""
+    p = x.spec.payload
+    x.description = p.get("description") or f"your commit {short(str(p.get('commit')))}"
+    try:
+        x.sha = ctx.git.resolve(str(p.get("commit")))
+    except GitError:
+        return Outcome("rejected", f"commit {p.get('commit')} not found")
+    x.changed = ctx.git.paths_between(x.parent, x.sha)
+    outside = [f for f in x.changed if not guards.allowed(f, lp.cfg.allowed_paths)]
+    reason = (f"it changes {', '.join(outside[:3])}, which an experiment may not change" if outside else
+              _check_committed(ctx, x))
+    if reason:
+        return Outcome("rejected", reason)
+    if ctx.separate:
+        clean_worktree(ctx.git, x.sha)
+    else:
+        ctx.git.checkout_paths(x.sha, ["."])   # HEAD stays at the best until the decision
+    return _run_committed(lp, ctx, x)
+
+
+def _check_committed(ctx: SlotContext, x: Experiment) -> str | None:
+    for path in x.changed:
+        if not path.endswith(".py"):
+            continue
+        try:
+            text = ctx.git.file_at(x.sha, path)
+        except GitError:      # deleted
+            continue
+        try:
+            before = ctx.git.file_at(x.parent, path)
+        except GitError:
+            before = None
+        reason = guards.check_source(text, path, before) or guards.check_payload(text, before, path)
+        if reason:
+            return reason
+    return None
+
+
 def commit_message(x: Experiment, tag: str) -> str:
     return f"{x.description or x.spec.kind}\n\nar: tag {tag}, experiment {x.spec.id:04d} ({x.spec.kind})"
 
@@ -108,7 +149,7 @@ def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
     else:
         seen = Context(ctx.root, lp.train_file, before, lp.ledger.best_kept(), _rows_in_flight(lp),
                        spec.id, x.stage, lp.tag, lp.profile, lp.budget(None), lp.eval_tokens, lp.noise,
-                       list(lp.cfg.allowed_paths), _agent_policy(lp), lp.cfg.objective)
+                       list(lp.cfg.allowed_paths), _agent_policy(lp), lp.cfg.objective, built=_built(lp))
         try:
             proposal = lp.proposer.propose(seen)
         except ProposalFailed as e:
@@ -124,6 +165,12 @@ def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:
         except ConfigError as e:
             return str(e)
     return proposal
+
+
+def _built(lp) -> dict | None:
+    """The model the best kept experiment built (its checkpoint's config), for a proposer to read."""
+    best = lp.ledger.best_kept()
+    return built_config(lp.exp_dir_of(best)) if best is not None and best.exp_id is not None else None
 
 
 def _rows_in_flight(lp) -> list[Row]:
@@ -183,12 +230,14 @@ def _replay(ctx: SlotContext, x: Experiment) -> Proposal | str:
 
 def trusted_code(lp, x: Experiment) -> bool:
     """Whether x's tree is code the runner trusts (then what its run compiles may be kept for later runs):
-    the user's baseline commit, a re-run of a trusted commit, or ar's own knob edit (a queued knob point, the
+    the user's baseline commit (or a commit of theirs on a trusted best), a re-run of a trusted commit, or ar's own knob edit (a queued knob point, the
     grid/random/strategy proposers) of a trusted parent. An agent's commit and everything built on it are not.
     A trusted commit joins the session's set, so a knob edit of a knob edit stays trusted."""
     spec, trusted = x.spec, lp.trusted_commits
     if spec.kind in ("baseline", "rerun"):
         ok = x.sha in trusted
+    elif spec.kind == "commit":             # the user's own commit, on top of the best
+        ok = x.parent in trusted
     elif spec.kind == "knobs" or (spec.kind == "propose" and spec.payload.get("proposer") in BUILTIN_PROPOSERS
                                   and lp.proposer is not None and lp.proposer.name in BUILTIN_PROPOSERS):
         replayed = spec.payload.get("replay")

@@ -21,6 +21,7 @@ from ..harness import gpus
 from ..harness.env import default_cache
 from ..ledger import Row, Status, now_iso
 from ..metrics import parse_log_file, recompute_mfu
+from ..repeats import built_config, same_build
 from ..runner import STOP_INTERRUPTED
 from .context import Event, Experiment, SlotContext, write_json
 
@@ -113,16 +114,38 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
         best = lp.ledger.best_kept()
         d = _decide(lp, best.val_bpb if best else None, m.val_bpb)
         status, reason = (Status.KEEP if d.keep else Status.DISCARD), d.reason
-        if d.keep and best is not None and not _holds_out(lp, x.sha, best.commit):
+        same = same_build(lp.exp_dir_of(best), best.knobs, x.exp_dir, x.knobs) if d.keep and best else None
+        if same:
+            status, reason = Status.DISCARD, f"{d.reason}, but {same}"
+        elif d.keep and best is not None and not _holds_out(lp, x.sha, best.commit):
             status, reason = Status.DISCARD, f"{d.reason}, but the gain did not hold on the private hold-out slice"
-        if status is Status.KEEP and best is not None and lp.cfg.confirm_new_best:
+        speed = _throughput_ratio(lp, x, best, m) if status is Status.KEEP and best is not None else None
+        if status is Status.KEEP and best is not None and (lp.cfg.confirm_new_best or speed):
             status, reason = _confirm(lp, x, best.val_bpb, m.val_bpb, budget, seed)
+            if speed:
+                reason = f"the same model as the best ran at {speed:.1f}x its tokens/s, so {reason}"
     faults.point("decide")
     if status is Status.KEEP:
         lp.best_sha = x.sha
     lp.git.reset_hard(lp.best_sha)   # inline: HEAD is there already when kept; from a slot: the branch moves
     faults.point("revert")
     return record_as(lp, x, status, m=m, reason=reason)                                 # 8, 9
+
+
+THROUGHPUT_RATIO = 1.5   # a would-be best that ran this much faster or slower than the best, same model: confirm it
+
+
+def _throughput_ratio(lp, x: Experiment, best: Row, m) -> float | None:
+    """tokens/s against the best's when x built the same model and ran very much faster or slower (a loaded
+    machine gives one run 3x the steps of another): its gain may be the machine's, so it is confirmed by a
+    re-run before it is kept. None otherwise, and with several slots (a confirmation holds the only one)."""
+    if len(lp.slots) != 1 or not best.tokens_per_s or not m.tokens_per_s:
+        return None
+    built = built_config(lp.exp_dir_of(best))
+    if built is None or built != built_config(x.exp_dir):
+        return None
+    ratio = m.tokens_per_s / best.tokens_per_s
+    return None if 1 / THROUGHPUT_RATIO <= ratio <= THROUGHPUT_RATIO else ratio
 
 
 def _confirm(lp, x: Experiment, best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
@@ -257,6 +280,7 @@ def finish_calibration(lp) -> None:
     write_json(lp.paths.noise, {"noise": noise, "values": values, "commit": lp.base_sha, "written_at": now_iso()})
     if lp.cfg.noise is None:
         lp.noise = noise
+        lp.events.settings(noise=noise)   # `ar status` and the dashboard show the threshold now in use
     lp.say(f"noise calibration: {len(values)} runs of the baseline, spread {noise:.6f} {lp.cfg.objective.name} -> "
            f"runs/{lp.tag}/noise.json" + ("" if lp.cfg.noise is None else
                                           f" (the configured noise {lp.cfg.noise:g} still applies)"))

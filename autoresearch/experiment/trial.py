@@ -49,6 +49,8 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
                           allowance=allowance, turn=turn)
         tampered, broken = _after_checks(after_run, fingerprint)
         has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
+        if has_ckpt:   # what was built (repeats.same_build compares it); small, and the weights stay out
+            shutil.copyfile(ws.checkpoint / checkpoint.MODEL_JSON, exp_dir / checkpoint.MODEL_JSON)
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
               and has_ckpt)
         t_eval = time.time()

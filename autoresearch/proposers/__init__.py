@@ -54,6 +54,7 @@ class Context:
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])
     sandbox: dict | None = None  # the agent's sandbox policy (harness/sandbox.py): what it may not read or change
     objective: Objective = DEFAULT_OBJECTIVE   # what the results measure (val_bpb unless the config names another)
+    built: dict | None = None   # the model the best built (its checkpoint's config), when known
 
 
 class Proposer(Protocol):

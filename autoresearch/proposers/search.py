@@ -131,8 +131,17 @@ class StrategyProposer:
                 continue
             if not self._divides({**knobs, name: new}, ctx.profile.seq_len):
                 continue
+            if self._below_floor(ctx.built, name, knobs[name], new):
+                continue
             out.append((name, new))
         return out
+
+    @staticmethod
+    def _below_floor(built: dict | None, name: str, old: Value, new: Value) -> bool:
+        """Shrinking a size the best's model already has at 1 (the CPU profile builds DEPTH 7 as one layer)
+        builds the same model again: a move that changes nothing in it."""
+        size = (built or {}).get(name.lower())
+        return isinstance(size, int) and not isinstance(size, bool) and size <= 1 and new < old
 
     @staticmethod
     def _divides(k: dict, seq_len: int) -> bool:

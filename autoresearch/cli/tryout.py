@@ -1,0 +1,54 @@
+"""CLI commands: try (train the working tree once, scored like an experiment, nothing committed) and eval (score a
+checkpoint), both against the tag's best."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import app, console
+from .. import tryout
+from ..config import load_config
+from .run import LiveView
+
+RepoOpt = Annotated[Path, typer.Option(help="The git repo holding train.py.")]
+TagOpt = Annotated[Optional[str], typer.Option(help="Compare with this tag's best, on its settings (default: the "
+                                                   "newest tag with results).")]
+ConfigOpt = Annotated[Optional[Path], typer.Option(help="YAML config (see configs/run.yaml).")]
+
+
+def _show(result: tryout.TryResult) -> None:
+    for line in result.lines():
+        console.print(line, highlight=False, soft_wrap=True)
+    raise typer.Exit(1 if result.status is not None else 0)
+
+
+@app.command("try")
+def try_(repo: RepoOpt = Path("."), tag: TagOpt = None, config: ConfigOpt = None,
+         unsandboxed: Annotated[bool, typer.Option("--unsandboxed", help="Run without the Landlock sandbox "
+                                                                         "(where the kernel has none).")] = False
+         ) -> None:
+    """Train the working tree once, as an experiment of the tag would run (sandboxed, ar's clock, the trusted
+    evaluator), and show its val_bpb against the tag's best and noise. Nothing is committed."""
+    cfg = load_config(config, {"sandbox": False if unsandboxed else None})
+    view = LiveView()
+    with view.live:
+        result = tryout.run(cfg, repo, tag, lambda t: t.try_tree(), on_event=view,
+                            command="ar " + " ".join(sys.argv[1:]))
+    _show(result)
+
+
+@app.command("eval")
+def eval_(checkpoint: Annotated[Path, typer.Argument(metavar="CHECKPOINT", help="A checkpoint folder (model.json "
+                                                                                "+ weights; `python train.py` writes "
+                                                                                "./checkpoint).")],
+          repo: RepoOpt = Path("."), tag: TagOpt = None, config: ConfigOpt = None) -> None:
+    """Score a checkpoint with the trusted evaluator (the working tree's train.py rebuilds the model) and show it
+    beside the tag's best."""
+    cfg = load_config(config, {})
+    result = tryout.run(cfg, repo, tag, lambda t: t.eval_checkpoint(checkpoint.resolve()),
+                        on_event=LiveView(), command="ar " + " ".join(sys.argv[1:]))
+    _show(result)
