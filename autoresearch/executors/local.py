@@ -37,13 +37,13 @@ class GpuTurn:
     then nothing may start), `give_back()` passes it on. First come, first served."""
 
     def __init__(self, stopping: threading.Event):
-        self._lock, self._stopping = threading.Lock(), stopping
+        self._lock, self.stopping = threading.Lock(), stopping
 
     def take(self) -> bool:
         while not self._lock.acquire(timeout=0.2):
-            if self._stopping.is_set():
+            if self.stopping.is_set():
                 return False
-        if self._stopping.is_set():
+        if self.stopping.is_set():
             self._lock.release()
             return False
         return True

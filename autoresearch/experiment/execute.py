@@ -22,6 +22,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Callable
 
 from .. import compile_cache
 from ..gitops import GitRepo
-from ..harness import sandbox
+from ..harness import launcher, sandbox
 from ..harness.data import train_view
 from ..request import RunRequest
 from ..metrics import parse_step
@@ -133,9 +134,16 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)
     clock = [time.monotonic(), time.time()]   # ar's clock starts here, or when the turn is taken
     taken: list[bool] = []
+    ready = threading.Event()
 
-    def gate() -> bool:
-        """Wait for the GPU; then start the clock and let the launcher run the script."""
+    def gate(proc=None) -> bool:
+        """Wait for the launcher's trusted start-up, then for the GPU; then start the clock and let it run the
+        script. A launcher that dies first goes on at once (its exit is the run's result)."""
+        while proc is not None and not ready.wait(0.2):
+            if proc.poll() is not None:
+                break
+            if turn.stopping.is_set():
+                return False
         if not turn.take():
             return False
         taken.append(True)
@@ -149,6 +157,9 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         return True
 
     def clocked(line: str) -> str | None:
+        if not ready.is_set() and go_w is not None and line == launcher.READY:
+            ready.set()          # before the clock: the launcher's own line, said before the proposal is loaded
+            return None
         t0 = clock[0]
         if line.startswith("model:") and not built:       # train.py's line once the model is built
             built.append(time.monotonic() - t0)

@@ -5,7 +5,8 @@
 runs inside the sandbox, in the run's workspace, as the training command's stand-in when two slots take turns on
 one GPU (executors/local.py). Before its turn it does only trusted work that every run repeats — the
 interpreter's start, importing torch and the harness, creating the CUDA context — and then blocks on GO_FD.
-The runner writes `go DEADLINE` there when the GPU is the run's: only then does SCRIPT run (as `python SCRIPT`
+It says READY on stdout when that is done; the runner then waits for the GPU and writes `go DEADLINE` there
+when the GPU is the run's: only then does SCRIPT run (as `python SCRIPT`
 would run it), with AR_DEADLINE set from the message, and only then does ar's clock start. So a proposal cannot
 move compute before its clock (it is not loaded until then), and the next run's start-up overlaps the current
 one's training instead of following it. `-I` keeps the workspace off sys.path until SCRIPT runs, so a
@@ -37,6 +38,9 @@ def warm() -> None:
         del x
 
 
+READY = "[ar] launcher ready"        # said once the trusted start-up is done: the runner then waits for the GPU
+
+
 def wait_for_go(fd: int) -> str | None:
     """The runner's message ('go DEADLINE'), or None when it closed the pipe (the run is called off)."""
     buf = b""
@@ -55,6 +59,7 @@ def main(argv: list[str]) -> int:
         return 2
     fd, script = int(argv[0]), argv[1]
     warm()
+    print(READY, flush=True)
     message = wait_for_go(fd)
     if message is None or not message.startswith("go"):
         return 0                                  # called off before its turn: nothing of the proposal ran
