@@ -6,10 +6,11 @@
 2. train.py runs there under the sandbox (harness/sandbox.py): it can read the interpreter, the libraries, its
    own tree and the training split; it can write its tree, the checkpoint folder and scratch; nothing else —
    not the validation split, not the token-bytes table, not runs/, not .git, not the installed package.
-3. ar owns the clock: it notes when the line of the last warm-up step arrives (AR_UNTIMED_STEPS, a runner
-   setting; a run that misnumbers its steps only moves time into its startup allowance) and when the checkpoint
-   was last changed (its files' ctime, which no process can set back; the process may take a while to exit). The run is `timeout` when it ran past budget + startup allowance + a last-step slack in all, or past
-   budget + slack after its warm-up, whatever it printed.
+3. ar owns the clock: the whole run, from process start to when the checkpoint was last changed (its files'
+   ctime, which no process can set back; the process may take a while to exit), must fit the session's startup
+   credit + the budget + a last-step slack (clock.py: the credit is the baseline's smallest startup, the same
+   for every candidate). Which step line the run prints moves nothing: compute moved before the first timed
+   step or into the warm-up steps is paid from the budget. train.py is told the deadline (AR_DEADLINE).
 4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
    killed before the result is returned (runner.run_training + the supervisor).
 """
@@ -28,7 +29,7 @@ from typing import Callable
 
 from ..gitops import GitRepo
 from ..harness import sandbox
-from ..harness.data import train_view
+from ..harness.data import hidden_sources, train_view
 from ..request import RunRequest
 from ..metrics import parse_step
 from ..runner import RunResult, run_training
@@ -57,6 +58,7 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None) 
     archive = subprocess.run(["git", "-C", str(git.root), "archive", "--format=tar", commit], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(ws.src)], input=archive, check=True)
+    sandbox.give_to_sandbox(ws.src, ws.checkpoint, ws.scratch, ws.job)    # root: the run is `nobody` (sandbox.py)
     return ws, (train_view(tok_dir, ws.data) if tok_dir is not None else [])   # None: a command objective
 
 
@@ -68,6 +70,7 @@ def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict
     p = sandbox.base_policy()
     p["read"] += [str(ws.data), *map(str, data_files), str(req.cache / "probe")]
     p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch)]
+    p["hide"] = hidden_sources(req.tok_dir)      # the raw files validation text comes from (a builtin corpus's)
     return p
 
 
@@ -81,16 +84,20 @@ def checkpoint_written(folder: Path) -> float | None:
 @dataclass
 class TrainOutcome:
     result: RunResult
-    startup: float | None                 # ar's clock: process start -> end of the warm-up steps
-    trained: float                        # ar's clock: end of warm-up (or start) -> exit
+    startup: float | None                 # ar's clock: process start -> the first timed step line (= window_start)
+    trained: float                        # ar's clock: the first timed step line (or start) -> checkpoint
     step_interval: float | None           # median gap between step lines as they arrived
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
+    window_start: float | None = None     # monotonic seconds from process start to the first timed step line
+    t0_wall: float | None = None          # wall-clock process start (time.time())
+    credit: float | None = None           # the startup credit the run had (the session's, clock.py)
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
         on_line: Callable[[str], str | None] | None = None, allowance: float | None = None) -> TrainOutcome:
-    """Train once; `allowance` is the startup allowance this run gets (tightened after the baseline)."""
+    """Train once; `allowance` is the session's startup credit (clock.py; the configured allowance until the
+    baseline has run)."""
     cmd = list(req.train_command)
     if req.sandbox:
         policy = ws.root / "train-policy.json"
@@ -98,8 +105,10 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
     env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch)
     arrivals: list[float] = []
-    timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
+    timed_from: list[float] = []      # when the first timed step's line arrived (shown; the clock does not use it)
+    credit = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
     t0, t0_wall = time.monotonic(), time.time()
+    env["AR_DEADLINE"] = f"{t0_wall + credit + req.time_budget:.3f}"   # train.py stops by then (RunEnv.progress)
 
     def clocked(line: str) -> str | None:
         if line.startswith("step "):
@@ -115,24 +124,22 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     startup = timed_from[0] if timed_from else None
     written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
     ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
-    trained = ended - startup if startup is not None else 0.0   # never past warm-up: only the total limit applies
+    trained = ended - startup if startup is not None else 0.0
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     interval = statistics.median(gaps) if gaps else None
-    allowance = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
     # the last step may finish past the budget, if it is no longer than 3 typical steps (and saving takes 2 s)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
-    limit = req.time_budget + allowance + slack
+    limit = credit + req.time_budget + slack
     over = None
-    if result.stop_reason:
-        pass
-    elif ended > limit:
-        over = (f"ran {ended:.1f}s by ar's clock, past the budget {req.time_budget:g}s + startup "
-                f"allowance {allowance:.1f}s + last-step slack {slack:.1f}s")
-    elif trained > req.time_budget + slack:
-        over = (f"trained {trained:.1f}s by ar's clock after its warm-up steps, past the budget {req.time_budget:g}s "
-                f"+ last-step slack {slack:.1f}s")
+    if not result.stop_reason and ended > limit:
+        over = (f"ran {ended:.1f}s by ar's clock (process start to checkpoint), past the startup credit "
+                f"{credit:.1f}s + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
+        if startup is not None and startup > credit + 1:
+            over += (f"; its first timed step came {startup - credit:.1f}s later than the baseline's: whatever "
+                     f"runs before it is paid from the budget")
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
         over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
                  f"(TOTAL_BATCH_SIZE)")
-    return TrainOutcome(result, startup, trained, interval, over, req.sandbox)
+    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, window_start=startup,
+                        t0_wall=t0_wall, credit=credit)
