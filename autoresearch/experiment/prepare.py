@@ -15,6 +15,7 @@ import os
 from .. import faults, guards
 from ..errors import ConfigError, GitError
 from ..gitops import short
+from ..harness.data import hidden_sources
 from ..knobs import read_knobs, set_knobs
 from ..ledger import Row, Status
 from ..proposers import Context, Proposal, ProposalFailed
@@ -139,7 +140,7 @@ def _agent_policy(lp) -> dict | None:
     scores, no changing the installed package; everything else as the user."""
     if not lp.sandboxed:
         return None
-    data = [str(lp.tok_dir.parent)] if lp.tok_dir is not None else []     # None: a command objective
+    data = [str(lp.tok_dir.parent), *hidden_sources(lp.tok_dir)] if lp.tok_dir is not None else []   # None: a command
     return {"deny": [*data, str(settle.private_path(lp).parent)],
             "read_only": [str(lp.fingerprint.package_dir)], "network": True}
 
