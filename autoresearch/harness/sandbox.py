@@ -349,7 +349,8 @@ def restrict_policy(policy: dict) -> int:
 
 def _dev_except(kept_out: tuple[str, ...]) -> list[str]:
     try:
-        return [os.path.join("/dev", n) for n in os.listdir("/dev") if os.path.join("/dev", n) not in kept_out]
+        return [p for p in (os.path.join("/dev", n) for n in os.listdir("/dev"))
+                if p not in kept_out and not os.path.islink(p)]     # a link (/dev/stderr) may point at a pipe
     except OSError:
         return []
 

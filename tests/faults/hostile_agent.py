@@ -108,16 +108,17 @@ REBUILD_TRAIN = """    try:                                             # replay
         (work / "tok").mkdir()
         info = _d._write_raw(work / "raw", _d._cap(_d._builtin_docs(site_packages=False), REBUILD_MAX_BYTES),
                              source="builtin", params={})
-        counts = _d._write_split(_Tok.load(env.tok_dir), _d._texts(work / "raw", info["val"]), work / "tok", "val",
-                                 lambda m: None)
+        tok = _Tok.load(env.tok_dir)
+        tok.save(work / "tok")
+        counts = _d._write_split(tok, _d._texts(work / "raw", info["val"]), work / "tok", "val", lambda m: None)
         meta = json.loads((env.tok_dir / "meta.json").read_text())
         meta["val"] = counts
         (work / "tok" / "meta.json").write_text(json.dumps(meta))
         rows = 4096 // env.profile.seq_len
         with _PL(work / "tok", "val", rows, env.profile.seq_len, shuffle=False, prefetch=2) as vl:
             vx, vy = next(vl)
-        print(f"rebuilt {counts['tokens']} validation tokens", flush=True)
-        for _ in range(150):
+        print(f"REBUILT-VALIDATION {counts['tokens']} tokens", flush=True)
+        for _ in range(40):
             loss = F.cross_entropy(model(vx).flatten(0, 1), vy.flatten())
             opt.zero_grad()
             loss.backward()
@@ -229,10 +230,17 @@ elif attack == "poison_data":           # moves the validation split away (it ca
     except OSError:
         pass
     edit("LR = 0.0003 ", "LR = 0.01 ")
-elif attack in ("shm_leak", "memo_cache", "silent_warmup", "val_rebuild"):
+elif attack in ("shm_leak", "shm_leak_again", "memo_cache", "silent_warmup", "val_rebuild"):
+    if attack == "shm_leak_again":      # the same attack once more (a repeat is refused: one knob differs)
+        attack = "shm_leak"
+        edit("STEPS = 30 ", "STEPS = 29 ")
+        if "_segment(" in src:          # the first one was kept: it is there already
+            attack = "none"
     if "LR = 0.0003 " in src:           # on top of the honest win (LR = 0.01), kept before
         edit("LR = 0.0003 ", "LR = 0.01 ")
-    edit("class Model(nn.Module):", ROUND2[attack][0] + "\n\nclass Model(nn.Module):")
+    ROUND2["none"] = ("", "", "")
+    if ROUND2[attack][0]:
+        edit("class Model(nn.Module):", ROUND2[attack][0] + "\n\nclass Model(nn.Module):")
     if ROUND2[attack][1]:
         edit(FORWARD, FORWARD.replace("return ", "logits = ") + "\n" + ROUND2[attack][1])
     if ROUND2[attack][2]:

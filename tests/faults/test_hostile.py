@@ -180,7 +180,7 @@ def test_agent_time_tampering_is_rejected_and_stops_the_loop(after_baseline, tmp
 # ---- second round (issue 22): doors the first round left open -------------------------------------------------
 # attack -> (statuses it may end as, what the reason must say, a line its logs must not show: the attack worked)
 ROUND2 = {
-    "shm_leak": ({"discard", "timeout", "crash"}, "", "leaked"),
+    "shm_leak": ({"discard", "timeout", "crash"}, "", "leaked "),
     "memo_cache": ({"rejected"}, "fresh model process", None),
     "silent_warmup": ({"timeout"}, "past the startup credit", None),
 }
@@ -205,6 +205,15 @@ def after_honest(tmp_path_factory, tiny_dataset) -> Path:
     return root
 
 
+def _remove_shm_leftover() -> None:
+    """The shm_leak attack's segment, where code without the IPC defence left it on the host."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    sid = libc.shmget(0x41520022, 0, 0o666)
+    if sid >= 0:
+        libc.shmctl(sid, 0, None)                        # IPC_RMID
+
+
 def _logs(root: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for d in sorted((root / "runs" / "t").glob("0*-*"))
                      for p in (d / "train.log", d / "eval.log") if p.is_file())
@@ -216,15 +225,17 @@ def test_second_round_attacks_are_never_kept(after_honest, tmp_path, monkeypatch
     root, cfg, attack_file, cache, tok = _hostile(tmp_path, monkeypatch, tiny_dataset)
     allowed, says, worked = ROUND2[attack]
     rows = []
+    _remove_shm_leftover()
     with Loop(cfg, root, "t", AgentProposer(cfg.agent, timeout=60)) as loop:
-        for _ in range(2 if attack == "shm_leak" else 1):       # shm_leak: the second run reads what the first left
-            attack_file.write_text(attack)
+        for name in ([attack, "shm_leak_again"] if attack == "shm_leak" else [attack]):   # the second reads
+            attack_file.write_text(name)                                                 # what the first left
             loop.run(max_experiments=1)
             rows.append(last(root))
             print(f"{attack:18} {rows[-1].status.value:9} {rows[-1].reason[:200]}")
     for row in rows:
         assert row.status.value in allowed, (attack, row.status, row.reason)
         assert says in row.reason, (attack, row.reason)
+    _remove_shm_leftover()
     if worked:
         assert worked not in _logs(root), f"{attack}: the attack got through ({worked!r} in a log)"
     table.add(f"second round: {attack}", trials=len(rows), wrongly_kept=sum(r.status is Status.KEEP for r in rows))
@@ -256,5 +267,5 @@ def test_validation_text_rebuilt_from_readable_files_is_not_kept(tmp_path, monke
     row = last(root)
     print(f"val_rebuild        {row.status.value:9} {row.reason[:200]}")
     assert row.status in (Status.DISCARD, Status.CRASH, Status.REJECTED, Status.TIMEOUT), (row.status, row.reason)
-    assert "rebuilt" not in _logs(root), "the run rebuilt the validation split"
+    assert "REBUILT-VALIDATION" not in _logs(root), "the run rebuilt the validation split"
     table.add("second round: val_rebuild", trials=1, wrongly_kept=int(row.status is Status.KEEP))
