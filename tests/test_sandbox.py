@@ -79,6 +79,29 @@ def test_complement_policy_hides_a_folder_and_a_rename_cannot_leak_it(tmp_path):
 
 
 @needs_landlock
+def test_a_hidden_folder_inside_a_readable_one_stays_unreadable(tmp_path):
+    lib = tmp_path / "lib"
+    (lib / "test" / "deep").mkdir(parents=True)
+    (lib / "pkg").mkdir()
+    for f in (lib / "a.py", lib / "pkg" / "b.py", lib / "test" / "val.py", lib / "test" / "deep" / "v.py"):
+        f.write_text("x = 1\n")
+    policy = sandbox.base_policy()
+    policy["read"] += [str(lib), str(lib / "pkg")]
+    policy["hide"] = [str(lib / "test")]
+    r = sandboxed(tmp_path, policy, probe({
+        "read a": f"open({str(lib / 'a.py')!r}).read()",
+        "read pkg": f"open({str(lib / 'pkg' / 'b.py')!r}).read()",
+        "list lib": f"os.listdir({str(lib)!r})",
+        "read test": f"open({str(lib / 'test' / 'val.py')!r}).read()",
+        "read deep": f"open({str(lib / 'test' / 'deep' / 'v.py')!r}).read()",
+        "list test": f"os.listdir({str(lib / 'test')!r})",
+    }))
+    out = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert out == {"read a": "ok", "read pkg": "ok", "list lib": "ok", "read test": "denied", "read deep": "denied",
+                   "list test": "ok"}, r.stdout + r.stderr      # names, never contents
+
+
+@needs_landlock
 def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
     marker = f"ar-sandbox-test-{os.getpid()}-{time.time()}"
     code = ("import os, time\n"

@@ -117,9 +117,11 @@ def prepare(source: str, *, cache: Path, vocab_size: int, name: str | None = Non
             test_dir = Path(sysconfig.get_paths()["stdlib"]) / "test"
             val_only = (lambda k: k.startswith(VAL_KEY_PREFIX)) if test_dir.is_dir() else None
             files = builtin_files(site_packages=source == "builtin-site")
-            held_out = [f for f in files if val_only and val_only(f[0])]
+            # the test suite in the keyed order (a capped corpus then takes validation documents first, a tenth
+            # of the cap), the rest in path order
+            held_out = sorted((f for f in files if val_only and val_only(f[0])), key=lambda f: _key_hash(f[0], key))
             rest = [f for f in files if not (val_only and val_only(f[0]))]
-            docs = iter([*_cap(_file_docs(held_out), max_bytes), *_cap(_file_docs(rest), max_bytes)]) \
+            docs = iter([*_cap(_file_docs(held_out), max(1, max_bytes // 10)), *_cap(_file_docs(rest), max_bytes)]) \
                 if max_bytes else _file_docs(held_out + rest)
             params = {"python": sysconfig.get_python_version()}
             hidden = [str(test_dir.resolve())] if val_only else []

@@ -158,7 +158,8 @@ def complement(deny: list[str], read_only: list[str]) -> list[tuple[str, str]]:
 
 def carve(read: list[str], hide: list[str]) -> list[tuple[str, int]]:
     """Read rules (path, access) that grant `read` except what lies under a `hide` path: a read path that holds
-    a hidden one is granted piece by piece (its siblings on the way down whole, the folders on the way list-only).
+    a hidden one is granted piece by piece (its siblings on the way down whole, the folders on the way list-only;
+    Landlock rights are inherited, so a hidden folder's names can be listed, its files not read).
     Paths are compared as real paths (a rule lands on the inode a link points to)."""
     hidden = {os.path.realpath(h) for h in hide}
     out: list[tuple[str, int]] = []
@@ -178,7 +179,7 @@ def carve(read: list[str], hide: list[str]) -> list[tuple[str, int]]:
                     break
                 d = os.path.dirname(d)
         for d in sorted(split):
-            out.append((d, FS_READ_DIR | FS_EXECUTE))
+            out.append((d, FS_READ_DIR))      # listing is inherited downwards: names show, contents do not
             try:
                 names = os.listdir(d)
             except OSError:

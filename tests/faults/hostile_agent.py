@@ -117,7 +117,9 @@ REBUILD_TRAIN = """    try:                                             # replay
         rows = 4096 // env.profile.seq_len
         with _PL(work / "tok", "val", rows, env.profile.seq_len, shuffle=False, prefetch=2) as vl:
             vx, vy = next(vl)
-        print(f"REBUILT-VALIDATION {counts['tokens']} tokens", flush=True)
+        import hashlib as _h
+        print(f"rebuilt {counts['tokens']} validation tokens, rows {_h.sha256(vx.numpy().tobytes()).hexdigest()}",
+              flush=True)
         for _ in range(40):
             loss = F.cross_entropy(model(vx).flatten(0, 1), vy.flatten())
             opt.zero_grad()
