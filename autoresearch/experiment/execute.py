@@ -133,7 +133,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     limit = credit + req.time_budget + slack
     over = None
     if not result.stop_reason and ended > limit:
-        over = (f"ran {ended:.1f}s by ar's clock (process start to checkpoint), past the startup credit "
+        over = (f"ran {ended:.1f}s by ar's clock (process start to checkpoint), past the budget: startup credit "
                 f"{credit:.1f}s + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
         if startup is not None and startup > credit + 1:
             over += (f"; its first timed step came {startup - credit:.1f}s later than the baseline's: whatever "

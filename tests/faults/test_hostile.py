@@ -182,7 +182,7 @@ def test_agent_time_tampering_is_rejected_and_stops_the_loop(after_baseline, tmp
 ROUND2 = {
     "shm_leak": ({"discard", "timeout", "crash"}, "", "leaked "),
     "memo_cache": ({"rejected"}, "fresh model process", None),
-    "silent_warmup": ({"timeout"}, "past the startup credit", None),
+    "silent_warmup": ({"timeout"}, "startup credit", None),
 }
 
 
