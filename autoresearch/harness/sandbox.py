@@ -341,7 +341,11 @@ def restrict_policy(policy: dict) -> int:
     write = list(policy.get("write", []))
     if not (policy.get("deny") or policy.get("read_only")):
         mode = isolate(network=bool(policy.get("network")))
-        write.append("/proc")
+        if os.geteuid() != 0:
+            write.append("/proc")
+        else:   # root kept (a GPU node nobody cannot open): only its own entries, and compile in-process, since
+            write.append(f"/proc/{os.getpid()}")         # a subprocess then could not write its own for CUDA
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         if mode == "seccomp":                 # no namespaces: what /dev/shm or /dev/mqueue hold would outlive the run
             write = [w for w in write if w != "/dev"] + _dev_except(("/dev/shm", "/dev/mqueue"))
     return restrict(policy.get("read", []), write, network=bool(policy.get("network")),
@@ -358,25 +362,46 @@ def _dev_except(kept_out: tuple[str, ...]) -> list[str]:
 
 # ------------------------------------------------------------------------------- isolation between runs
 
+_IDS: list = []
+
+
 def sandbox_ids() -> tuple[int, int] | None:
     """(uid, gid) a sandboxed process runs as when the supervisor is root (`nobody`), or None: not root, the
-    process keeps the user's own uid (inside a user namespace where the kernel allows one)."""
-    if os.geteuid() != 0:
-        return None
-    import grp
-    import pwd
-    try:
-        uid = pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        uid = 65534
-    gid = 65534
-    for name in ("nogroup", "nobody"):
+    process keeps the user's own uid (inside a user namespace where the kernel allows one). Also None, root
+    stays root, where a GPU device node is not open to every user (nobody could not start CUDA)."""
+    if _IDS:
+        return _IDS[0]
+    ids = None
+    if os.geteuid() == 0 and not _gpu_nodes_closed():
+        import grp
+        import pwd
         try:
-            gid = grp.getgrnam(name).gr_gid
-            break
+            uid = pwd.getpwnam("nobody").pw_uid
         except KeyError:
+            uid = 65534
+        gid = 65534
+        for name in ("nogroup", "nobody"):
+            try:
+                gid = grp.getgrnam(name).gr_gid
+                break
+            except KeyError:
+                continue
+        ids = (uid, gid)
+    _IDS.append(ids)
+    return ids
+
+
+def _gpu_nodes_closed() -> bool:
+    import glob
+    import stat
+    for node in glob.glob("/dev/nvidia*") + glob.glob("/dev/dri/renderD*") + glob.glob("/dev/kfd"):
+        try:
+            st = os.stat(node)
+        except OSError:
             continue
-    return uid, gid
+        if stat.S_ISCHR(st.st_mode) and (st.st_mode & 0o006) != 0o006:
+            return True
+    return False
 
 
 def give_to_sandbox(*paths) -> None:
@@ -490,7 +515,7 @@ def isolate(network: bool = False) -> str:
     if libc is None:
         raise SandboxError(available()[1])
     mode = "namespaces" if _namespaces(libc, network) else "seccomp"
-    if os.geteuid() == 0:
+    if sandbox_ids() is not None:
         _drop_root(libc)
     elif mode == "namespaces":
         _capset(libc, 0)             # the user namespace's capabilities: none are needed past this point
@@ -507,6 +532,7 @@ def isolation() -> tuple[str, str]:
     global _ISOLATION
     if _ISOLATION is not None:
         return _ISOLATION
+    sandbox_ids()                     # looked up here, not in the forked child (no NSS calls after a fork)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -524,7 +550,8 @@ def isolation() -> tuple[str, str]:
     os.close(r)
     os.waitpid(pid, 0)
     mode, _, why = got.decode().partition(" ")
-    who = "as nobody (the supervisor is root)" if os.geteuid() == 0 else "through a user namespace"
+    who = ("through a user namespace" if os.geteuid() != 0 else "as nobody (the supervisor is root)"
+           if sandbox_ids() else "as root: a GPU device node is not open to every user, so it cannot drop root")
     _ISOLATION = {
         "namespaces": ("namespaces", f"each sandboxed process gets its own IPC, mount and network namespaces and a "
                                      f"fresh /dev/shm, {who}; keyrings refused by seccomp"),

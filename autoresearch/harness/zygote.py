@@ -59,6 +59,7 @@ def _serve() -> int:
     import torch  # noqa: F401  (the point: imported once, before any fork)
     import safetensors.torch  # noqa: F401
 
+    sandbox.sandbox_ids()                 # looked up once here, not in each forked worker
     libc = sandbox._libc()
     if libc is not None:
         libc.prctl(sandbox._PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
