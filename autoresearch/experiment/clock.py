@@ -6,6 +6,10 @@ arrival of its first timed step line) of the baseline and its noise-calibration 
 than the configured `startup_allowance`. Before the baseline has run, the credit is `startup_allowance`. It is
 kept in runs/<tag>/clock.json so that a resumed session keeps it.
 
+The limit adds to the credit a load tolerance, `tolerance(credit)` = 1 s + a quarter of the credit (slots that
+run side by side start slower than a baseline that ran alone): that much moved out of the timed window is the
+most a candidate can gain, about 1% of a 300-s budget after a 15-s warm start.
+
 What a candidate does before its first timed step (imports, compilation, silent optimizer steps, bigger
 warm-up steps) is therefore paid from its budget: moving compute out of the timed window buys nothing, and a
 candidate that starts later than the baseline trains that much less (train.py stops by `RunEnv.deadline`).
@@ -18,6 +22,19 @@ import os
 from pathlib import Path
 
 FILE = "clock.json"
+
+
+def tolerance(credit: float) -> float:
+    """How much later than the credit a run may start without its whole life counting as over (load jitter)."""
+    return 1.0 + 0.25 * credit
+
+
+def late_note(startup: float | None, credit: float | None) -> str | None:
+    """Why a run got less training: it reached its first timed step well after the baseline did."""
+    if startup is None or credit is None or startup <= credit + tolerance(credit):
+        return None
+    return (f"started {startup - credit:.1f}s later than the baseline (first timed step at {startup:.1f}s, the "
+            f"session's startup credit {credit:.1f}s): that time came off its training")
 
 
 def load_credit(tag_dir: Path, allowance: float) -> float:

@@ -33,6 +33,7 @@ from ..harness.data import hidden_sources, train_view
 from ..request import RunRequest
 from ..metrics import parse_step
 from ..runner import RunResult, run_training
+from . import clock
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     credit = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
     t0, t0_wall = time.monotonic(), time.time()
     env["AR_DEADLINE"] = f"{t0_wall + credit + req.time_budget:.3f}"   # train.py stops by then (RunEnv.progress)
+    grace = clock.tolerance(credit)                                     # load jitter (clock.py)
 
     def clocked(line: str) -> str | None:
         if line.startswith("step "):
@@ -130,12 +132,12 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     # the last step may finish past the budget, if it is no longer than 3 typical steps (and saving takes 2 s)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
-    limit = credit + req.time_budget + slack
+    limit = credit + grace + req.time_budget + slack
     over = None
     if not result.stop_reason and ended > limit:
         over = (f"ran {ended:.1f}s by ar's clock (process start to checkpoint), past the budget: startup credit "
-                f"{credit:.1f}s + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
-        if startup is not None and startup > credit + 1:
+                f"{credit:.1f}s (+{grace:.1f}s for load) + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
+        if startup is not None and startup > credit + grace:
             over += (f"; its first timed step came {startup - credit:.1f}s later than the baseline's: whatever "
                      f"runs before it is paid from the budget")
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best

@@ -119,6 +119,9 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
             status, reason = Status.DISCARD, f"{d.reason}, but the gain did not hold on the private hold-out slice"
         if status is Status.KEEP and best is not None and lp.cfg.confirm_new_best:
             status, reason = _confirm(lp, x, best.val_bpb, m.val_bpb, budget, seed)
+        late = clock.late_note(x.outcome.startup, x.outcome.credit) if x.outcome is not None else None
+        if late:
+            reason = f"{reason}; {late}"
     faults.point("decide")
     if status is Status.KEEP:
         lp.best_sha = x.sha

@@ -81,10 +81,10 @@ class Zygote:
                 raise RuntimeError("the model fork server did not start; see evaluator.log")
             self.ready = True
 
-    def clean(self) -> None:
-        """Kill whatever the last workers left behind, now (not when the next job comes)."""
+    def clean(self, spare: int | None = None) -> None:
+        """Kill whatever the last workers left behind, now (not when the next job comes); all but `spare`."""
         self._start()
-        self.proc.stdin.write("clean\n")
+        self.proc.stdin.write("clean\n" if spare is None else f"clean {spare}\n")
         self.proc.stdin.flush()
         if self.proc.stdout.readline().strip() != "clean":
             raise RuntimeError("the model fork server stopped; see evaluator.log")
@@ -284,8 +284,9 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
             hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device, keep=sample, first=len(batches))
             private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
         if fresh is not None:
-            worker.close()                       # gone before the fresh worker is shown anything
-            worker = None
+            worker.close()                       # gone before the fresh worker is shown anything, with every
+            worker = None                        # process it left (only the fresh worker's own tree is spared)
+            zygote.clean(spare=fresh.pid)
             _check_fresh(fresh, *fresh_bufs, batches + held, sample, secret, device, req, record)
         record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
     except Rejected as e:

@@ -273,10 +273,11 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def _kill_below(me: int) -> None:
-    """SIGKILL every process below this one (re-parented daemons included), until none is left."""
+def _kill_below(me: int, spare: int | None = None) -> None:
+    """SIGKILL every process below this one (re-parented daemons included), until none is left; with `spare`,
+    all but that child and what is still below it."""
     for _ in range(50):
-        kids = _children_of(me)
+        kids = [k for k in _children_of(me) if k != spare]
         if not kids:
             return
         stack = list(kids)
@@ -299,6 +300,8 @@ def _kill_below(me: int) -> None:
             except ChildProcessError:
                 break
             if pid == 0:
+                if spare is not None and not [k for k in _children_of(me) if k != spare]:
+                    break                   # the spared child lives on: nothing else to wait for
                 time.sleep(0.01)
 
 

@@ -67,8 +67,9 @@ def _serve() -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        if line.strip() == "clean":        # an evaluation is over: its workers' leftovers (daemons included) go
-            sandbox._kill_below(os.getpid())
+        if line.split()[0] == "clean":     # an evaluation is over: its workers' leftovers (daemons included) go;
+            spare = int(line.split()[1]) if len(line.split()) > 1 else None   # "clean PID": all but that worker
+            sandbox._kill_below(os.getpid(), spare)
             print("clean", flush=True)
             continue
         job = json.loads(line)

@@ -88,7 +88,7 @@ MEMO_FORWARD = """        if self.training or torch.is_grad_enabled():
                 if t + 1 < len(row):
                     big[tok, row[t + 1]] += 1
         return out"""
-SILENT_TRAIN = """    while time.time() - t0 < 8:                      # silent steps: no step line, so not on ar's clock
+SILENT_TRAIN = """    while time.time() - t0 < 10:                     # silent steps: no step line, so not on ar's clock
         x, y = next(loader)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
