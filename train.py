@@ -594,7 +594,7 @@ def train(env: RunEnv, t_start: float) -> dict:
             tokens += total_batch
             if step > untimed:
                 training_time += dt
-            progress = min(1.0, training_time / env.time_budget)
+            progress = env.progress(training_time)         # the budget, and ar's deadline
             tps = total_batch / dt
             print(logfmt.format_step(step, 100 * progress, loss_value, tps,
                                      mfu_percent(tps, flops_per_token, peak_tflops), dt,

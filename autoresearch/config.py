@@ -42,8 +42,8 @@ class RunConfig:
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])  # what a proposal may change
     profile: str = "auto"                  # gpu | cpu | auto (gpu when CUDA is available)
     time_budget: float | None = None       # training seconds; None: the profile's (300 gpu, 20 cpu)
-    startup_allowance: float = 120.0       # most seconds for imports/compile before training counts (ar's clock);
-                                           # after the baseline it tightens to 1.5 × the baseline's startup + 10 s
+    startup_allowance: float = 120.0       # the startup credit before the baseline has run (ar's clock); after it,
+                                           # the baseline's smallest startup (experiment/clock.py)
     untimed_steps: int | None = None       # warm-up steps train.py leaves off its own clock; None: 10 gpu, 2 cpu
     eval_allowance: float = 120.0          # seconds the trusted evaluator's model worker may take
     eval_tokens: int | None = None         # validation tokens; None: the profile's

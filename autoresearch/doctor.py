@@ -364,12 +364,32 @@ def _data_checker():
     return check_prepared
 
 
+def check_sandbox(available: tuple[bool, str], isolation: tuple[str, str]) -> Check:
+    """Landlock, and how runs are kept apart (sandbox.isolation): namespaces, else seccomp, else nothing."""
+    ok, why = available
+    if not ok:
+        return Check("sandbox", WARN, why, "`ar run` refuses to run proposal code unsandboxed; fix that, or pass "
+                                           "--unsandboxed (every result is then marked)")
+    mode, how = isolation
+    if mode == "namespaces":
+        return Check("sandbox", OK, why)
+    return Check("sandbox", WARN, why, "allow unprivileged user namespaces (kernel.unprivileged_userns_clone=1, "
+                                       "or an AppArmor/container profile that permits unshare) to keep "
+                                       "multiprocessing in train.py")
+
+
+def _sandbox_facts() -> tuple[tuple[bool, str], tuple[str, str]]:
+    from .harness import sandbox
+    return sandbox.available(), (sandbox.isolation() if sandbox.abi_version() else ("none", ""))
+
+
 def run_checks(repo: Path, *, dataset: str = "builtin", agent: str | None = None, profile: str | None = None,
                cache: Path | None = None, facts: TorchFacts | None = None, sdpa: Callable = sdpa_probe,
                compile_test: Callable = compile_probe, data_checker: Callable | None | str = "import",
                which: Callable = shutil.which, disk_usage: Callable | None = None,
                lookup: Callable = gpus.lookup, read_override: Callable = gpus.check_override,
-               version_line: Callable = ar_version_line) -> list[Check]:
+               version_line: Callable = ar_version_line,
+               sandbox_facts: Callable = _sandbox_facts) -> list[Check]:
     """Every check, in order; the GPU ones only when a GPU is visible."""
     repo, cache = Path(repo).resolve(), Path(cache or default_cache())
     facts = facts or torch_facts()
@@ -386,7 +406,7 @@ def run_checks(repo: Path, *, dataset: str = "builtin", agent: str | None = None
     checker = _data_checker() if data_checker == "import" else data_checker
     checks += [check_gpu_table(read_override), check_data(cache, dataset, vocab, checker), check_train(repo),
                check_repo(repo), check_disk(cache, disk_usage), check_agent(agent, which),
-               check_command(which, version_line)]
+               check_command(which, version_line), check_sandbox(*sandbox_facts())]
     return checks
 
 

@@ -75,6 +75,4 @@ class RunRequest:
             AR_DATASET=self.dataset, AR_CACHE=str(self.cache), AR_TOK_DIR=str(tok_view),
             AR_CHECKPOINT_DIR=str(checkpoint_dir), AR_UNTIMED_STEPS=str(self.untimed_steps),
         )
-        if self.sandbox and os.geteuid() == 0:   # a sandboxed root process may write only its own /proc entries,
-            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"   # and CUDA needs them: compile in-process, not in workers
         return env

@@ -39,6 +39,7 @@ from .config import RunConfig
 from .errors import ConfigError, DataError, GitError
 from .events import EventLog, slot_fields
 from .gitops import GitRepo, branch_name, check_tag, default_tag, short
+from .experiment import clock
 from .harness import sandbox
 from .harness import data
 from .harness.data import check_prepared
@@ -225,11 +226,12 @@ class Loop:
             return
         try:
             data.check_prepared(default_cache(), self.cfg.dataset, self.profile.vocab_size)
-        except DataError:
+        except DataError as e:
             if self.cfg.dataset != "builtin":
                 raise
-            self.say(f"no prepared data: preparing the builtin corpus for vocab {self.profile.vocab_size} in "
-                     f"{default_cache()} (once)")
+            stale = "another version of the harness" in str(e)
+            self.say(f"{'the prepared builtin corpus is from an older harness (another split)' if stale else 'no prepared data'}: "
+                     f"preparing the builtin corpus for vocab {self.profile.vocab_size} in {default_cache()} (once)")
             data.prepare("builtin", cache=default_cache(), vocab_size=self.profile.vocab_size, progress=self.say)
 
     def _trust(self) -> None:
@@ -249,7 +251,12 @@ class Loop:
         if not self.sandboxed:
             self.say(f"proposal code runs WITHOUT the sandbox ({why if not ok else '--unsandboxed'}); every result "
                      "of this session is marked unsandboxed", "warn")
-        self.allowance = self.cfg.startup_allowance   # tightened once the baseline's startup is measured
+        self.val_readable = data.validation_readable(self.tok_dir)
+        if self.val_readable:
+            self.say(f"the validation text of dataset {self.cfg.dataset!r} comes from files proposal code can read "
+                     "(this Python has no Lib/test to draw it from); every result of this session is marked "
+                     "`validation text readable`", "warn")
+        self.allowance = clock.load_credit(self.paths.dir, self.cfg.startup_allowance)   # the session's credit
 
     def _prepare_tree(self, resume: bool) -> None:
         """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""

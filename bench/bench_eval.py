@@ -83,16 +83,19 @@ def in_process(tok_dir: Path, ckpt: Path, rows: int, seq_len: int, eval_tokens: 
 
 
 def trusted(tok_dir: Path, ckpt: Path, rows: int, seq_len: int, eval_tokens: int, repeat: int, sandbox: bool,
-            dataset: str) -> dict:
-    from autoresearch.experiment.evaluate import worker_policy
+            dataset: str, fresh: bool = True) -> dict:
+    """`fresh`: with the fresh worker's re-score of a secret sample (what ar does), or without (the cost of it)."""
+    from autoresearch.experiment.evaluate import fresh_job, worker_policy
     from autoresearch.experiment.execute import Workspace
     from autoresearch.harness.evaluator import manifest
+    from autoresearch.harness.sandbox import give_to_sandbox
     work = Path(tempfile.mkdtemp(prefix="ar-bench-eval-"))
     ws = Workspace.at(work)
     ws.src.mkdir(parents=True)
     ws.job.mkdir(parents=True)
     shutil.copy(ROOT / "train.py", ws.src / "train.py")
     shutil.copytree(ckpt, ws.checkpoint)
+    give_to_sandbox(ws.src, ws.checkpoint, ws.job)          # as make_workspace does (root: the worker is nobody)
     man = manifest(tok_dir)
     log = open(work / "evaluator.log", "ab")
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
@@ -107,6 +110,8 @@ def trusted(tok_dir: Path, ckpt: Path, rows: int, seq_len: int, eval_tokens: int
                "source": str(ws.src), "train_file": "train.py", "job_dir": str(ws.job), "record": str(record),
                "private": str(work / "private.json"), "timeout": 300, "sandbox": sandbox,
                "policy": worker_policy(ws), "tolerance": 2e-3}
+        if fresh:
+            doc.update(fresh_job_dir=str(fresh_job(ws)), fresh_policy=worker_policy(ws, fresh_job(ws)), fresh_rows=rows)
         t_sub = time.time()
         proc.stdin.write(json.dumps(doc) + "\n")
         proc.stdin.flush()
@@ -159,6 +164,8 @@ def main() -> int:
     ap.add_argument("--out", default="eval.json")
     ap.add_argument("--skip-loop", action="store_true")
     ap.add_argument("--no-sandbox", action="store_true", help="measure without Landlock (marks nothing: a bench)")
+    ap.add_argument("--fresh", choices=("on", "off", "both"), default="both",
+                    help="the fresh worker's re-score of a secret sample: with it (ar's), without, or both (its cost)")
     args = ap.parse_args()
     from autoresearch.harness import sandbox
     from autoresearch.harness.data import check_prepared
@@ -175,14 +182,24 @@ def main() -> int:
     rows = 2**16 // prof.seq_len
     result["in_process"] = in_process(tok_dir, ckpt, rows, prof.seq_len, args.eval_tokens, args.repeat)
     print("in-process", json.dumps(result["in_process"]), flush=True)
-    result["trusted"] = trusted(tok_dir, ckpt, rows, prof.seq_len, args.eval_tokens, args.repeat, ok, args.dataset)
-    result["overhead_s"] = result["trusted"]["median_after_go_s"] - result["in_process"]["median_s"]
+    if args.fresh in ("off", "both"):
+        result["trusted_no_fresh"] = trusted(tok_dir, ckpt, rows, prof.seq_len, args.eval_tokens, args.repeat, ok,
+                                             args.dataset, fresh=False)
+    if args.fresh in ("on", "both"):
+        result["trusted"] = trusted(tok_dir, ckpt, rows, prof.seq_len, args.eval_tokens, args.repeat, ok,
+                                    args.dataset, fresh=True)
+    main_run = result.get("trusted") or result["trusted_no_fresh"]
+    result["overhead_s"] = main_run["median_after_go_s"] - result["in_process"]["median_s"]
+    if "trusted" in result and "trusted_no_fresh" in result:
+        result["fresh_rescore_s"] = (result["trusted"]["median_after_go_s"]
+                                     - result["trusted_no_fresh"]["median_after_go_s"])
+        print("fresh re-score", result["fresh_rescore_s"], flush=True)
     print("overhead", result["overhead_s"], flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     if not args.skip_loop:
         result["loop"] = loop_end_to_end(args.budget, args.dataset, ok)
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("trusted",)}, indent=1)[:6000])
+    print(json.dumps({k: v for k, v in result.items() if k not in ("trusted", "trusted_no_fresh")}, indent=1)[:6000])
     return 0
 
 

@@ -1,5 +1,7 @@
 import io
 import json
+import shutil
+import sysconfig
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,7 +51,8 @@ def test_builtin_layout_and_determinism(tmp_path):
     train = docs_of(tok, "train")
     assert len(train) == meta["train"]["docs"] and all(len(d) <= data.DOC_MAX_CHARS for d in train)
     assert data.check_prepared(tmp_path / "a", "builtin", VOCAB) == tok
-    # same text, same pinned split, same tokens, in another cache
+    # same text, same key, same split, same tokens, in another cache
+    shutil.copytree(tmp_path / "a" / ".secret", tmp_path / "b" / ".secret")
     other = data.load_meta(data.prepare("builtin", cache=tmp_path / "b", vocab_size=VOCAB, max_bytes=150_000))
     for key in ("raw_sha256", "tokenizer_sha256"):
         assert other[key] == meta[key]
@@ -59,6 +62,26 @@ def test_builtin_layout_and_determinism(tmp_path):
     data.prepare("builtin", cache=tmp_path / "a", vocab_size=VOCAB, max_bytes=150_000, progress=msgs.append)
     assert any("already prepared" in m for m in msgs)
     assert data.load_meta(tok)["created_at"] == meta["created_at"]
+
+
+def test_builtin_validation_comes_from_the_hidden_test_suite_by_a_secret_key(tmp_path):
+    """The validation documents of `builtin` are files no run needs (the stdlib's test suite), which the sandbox
+    hides; which of them is a secret of the installation, so replaying the split over readable files fails."""
+    test_dir = Path(sysconfig.get_paths()["stdlib"]) / "test"
+    if not test_dir.is_dir():
+        pytest.skip("this Python has no Lib/test")
+    vals = []
+    for cache in ("a", "b"):
+        tok = data.prepare("builtin", cache=tmp_path / cache, vocab_size=VOCAB, max_bytes=150_000)
+        raw = json.loads((tok.parent / "raw.json").read_text())
+        assert raw["hidden"] == [str(test_dir.resolve())] and raw["val_readable"] is False
+        assert str(test_dir.resolve()) in data.hidden_sources(tok) and not data.validation_readable(tok)
+        key = tmp_path / cache / ".secret" / "split.key"
+        assert key.stat().st_mode & 0o077 == 0 and str(key.parent) in data.hidden_sources(tok)
+        vals.append(docs_of(tok, "val"))
+        sources = "".join(p.read_text(errors="replace") for p in test_dir.rglob("*.py"))
+        assert vals[-1] and all(d[:300] in sources for d in vals[-1])        # from the test suite only
+    assert vals[0] != vals[1]                                                # another key, another split
 
 
 def test_builtin_files_exclude_site_packages():

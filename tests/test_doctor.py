@@ -219,7 +219,8 @@ def test_agent_on_path():
 def fake_inputs(**over):
     kw = dict(facts=GPU_FACTS, sdpa=lambda: dict.fromkeys(dr.SDPA_NAMES), compile_test=lambda: (True, "ok"),
               data_checker=lambda cache, name, vocab: cache / name, which=lambda exe: None,
-              disk_usage=lambda p: Usage(100 * GiB, 0, 50 * GiB, 0))
+              disk_usage=lambda p: Usage(100 * GiB, 0, 50 * GiB, 0),
+              sandbox_facts=lambda: ((True, "Landlock ABI 7"), ("namespaces", "own namespaces")))
     return {**kw, **over}
 
 
@@ -227,9 +228,17 @@ def test_checklist_on_a_gpu(tmp_path):
     make_repo(tmp_path)
     checks = dr.run_checks(tmp_path, **fake_inputs())
     assert [c.name for c in checks] == ["python", "torch", "cuda", "gpu", "kernels", "peak", "attention", "compile",
-                                        "gpu table", "data", "train.py", "repo", "disk", "agent", "ar on PATH"]
+                                        "gpu table", "data", "train.py", "repo", "disk", "agent", "ar on PATH", "sandbox"]
     assert not dr.blocking(checks)
     assert "8192" in by_name(checks)["data"].detail  # the gpu profile's vocab
+
+
+def test_the_sandbox_line_says_how_runs_are_kept_apart():
+    ok = dr.check_sandbox((True, "Landlock ABI 7; namespaces"), ("namespaces", "namespaces"))
+    fallback = dr.check_sandbox((True, "Landlock ABI 7; seccomp"), ("seccomp", "seccomp"))
+    missing = dr.check_sandbox((False, "no Landlock"), ("none", ""))
+    assert ok.state == dr.OK and fallback.state == dr.WARN and "namespaces" in fallback.fix
+    assert missing.state == dr.WARN and "--unsandboxed" in missing.fix
 
 
 def test_checklist_unknown_gpu_and_missing_agent(tmp_path):

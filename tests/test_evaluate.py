@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoresearch.harness import checkpoint
+from autoresearch.harness import checkpoint, data
 from autoresearch.harness.evaluator import manifest
 
 T = 7  # rows of 8 tokens: two 4-token documents [BOS, a, b, c] each
@@ -26,10 +26,11 @@ import torch
 class Fixed(torch.nn.Module):
     """The same logits at every position, whatever the input."""
 
-    def __init__(self, vocab, peek=0.0, by_row=0.0):
+    def __init__(self, vocab, peek=0.0, by_row=0.0, memo=0.0):
         super().__init__()
         self.bias = torch.nn.Parameter(torch.zeros(vocab))
-        self.peek, self.by_row = peek, by_row
+        self.peek, self.by_row, self.memo = peek, by_row, memo
+        self.seen, self.answers = 0, {}
 
     def forward(self, idx):
         B, T = idx.shape
@@ -38,20 +39,31 @@ class Fixed(torch.nn.Module):
             out.scatter_add_(2, torch.roll(idx, -1, 1).unsqueeze(-1), torch.full((B, T, 1), self.peek))
         if self.by_row:    # keys on the row's position in the batch
             out += self.by_row * torch.arange(B, dtype=out.dtype).view(B, 1, 1)
+        if self.memo:      # learns from the stream (how many rows it saw), each answer memoised by its prefix
+            for r in range(B):
+                for t in range(T):
+                    key = tuple(idx[r, :t + 1].tolist())
+                    if key not in self.answers:
+                        self.answers[key] = out[r, t].clone()
+                        self.answers[key][0] += self.memo * min(self.seen, 3)
+                    out[r, t] = self.answers[key]
+            self.seen += B
         return out
 
 
 def fixed(config):
-    return Fixed(config["vocab"], config.get("peek", 0.0), config.get("by_row", 0.0))
+    return Fixed(config["vocab"], config.get("peek", 0.0), config.get("by_row", 0.0), config.get("memo", 0.0))
 '''
 
 
-def handmade(root: Path, token_bytes: list[int], ndocs: int = 200) -> Path:
+def handmade(root: Path, token_bytes: list[int], ndocs: int = 200, seed: int | None = None) -> Path:
     """A tokenized folder written by hand: identical documents [BOS=0, 1, 2, 3], so every row of 8 tokens is
-    two of them and its 7 targets are 1 2 3 0 1 2 3 (0, the BOS, stands for no bytes)."""
+    two of them and its 7 targets are 1 2 3 0 1 2 3 (0, the BOS, stands for no bytes); with a seed, documents
+    [BOS, a, b, c] of random tokens instead (rows that differ)."""
     tok = root / "hand" / "tok-4"
     tok.mkdir(parents=True)
-    docs = [np.array([0, 1, 2, 3])] * ndocs
+    rng = np.random.default_rng(seed)
+    docs = [np.array([0, 1, 2, 3]) if seed is None else np.array([0, *rng.integers(1, 4, 3)]) for _ in range(ndocs)]
     counts = {}
     for split in ("train", "val"):
         flat = np.concatenate(docs).astype(np.uint16)
@@ -60,7 +72,7 @@ def handmade(root: Path, token_bytes: list[int], ndocs: int = 200) -> Path:
         counts[split] = {"docs": len(docs), "tokens": int(flat.size)}
     np.save(tok / "token_bytes.npy", np.array(token_bytes, dtype=np.int32))
     (tok / "tokenizer.json").write_text("{}")
-    (tok / "meta.json").write_text(json.dumps({"format": 1, "bos_id": 0, **counts}))
+    (tok / "meta.json").write_text(json.dumps({"format": data.FORMAT, "bos_id": 0, **counts}))
     return tok
 
 
@@ -117,7 +129,8 @@ def job(tmp_path):
                 "checkpoint": str(ckpt), "source": str(src), "train_file": "models.py",
                 "job_dir": str(tmp_path / "job"), "record": str(tmp_path / "record.json"),
                 "private": str(tmp_path / "private.json"), "timeout": 60, "sandbox": False, "policy": {},
-                "tolerance": 1e-3}
+                "tolerance": 1e-3, "fresh_job_dir": str(tmp_path / "job-fresh"), "fresh_policy": {},
+                "fresh_rows": rows}
 
     return make
 
@@ -166,6 +179,16 @@ def test_a_model_that_keys_on_the_batch_position_is_rejected(tmp_path, server, j
     tok = handmade(tmp_path, [0, 1, 2, 3])
     rec = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=8, by_row=0.5))
     assert rec["val_bpb"] is None and "not a pure function" in rec["rejected"]
+
+
+def test_a_model_that_learns_from_the_stream_and_memoises_its_answers_is_rejected(tmp_path, server, job):
+    """It repeats itself for the purity and causality checks; a fresh worker shown nothing else does not."""
+    tok = handmade(tmp_path, [0, 1, 2, 3], seed=1)
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=2, memo=0.7))
+    assert rec["purity_max_diff"] == 0 and rec["causal_max_diff"] == 0, rec
+    assert rec["val_bpb"] is None and "depend on what it was shown before" in rec["rejected"], rec
+    honest = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=2))
+    assert honest["rejected"] is None and honest["fresh_max_diff"] == 0, honest
 
 
 def test_changed_data_is_rejected_before_the_model_runs(tmp_path, server, job):

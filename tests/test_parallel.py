@@ -145,8 +145,12 @@ def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
     with ParallelLoop(cfg(gpus="cpu:2"), root, "t", AgentProposer(agent, timeout=30)) as lp:
         lp.run(max_experiments=5)
     rows = assert_consistent(root)
-    assert [(r.exp_id, r.status.value) for r in rows] == [
-        (1, "keep"), (2, "keep"), (3, "stale"), (4, "discard"), (5, "keep")], [(r.status.value, r.reason) for r in rows]
+    # 4 starts 6 s late on a 0.5-s budget: past the session's startup credit (experiment/clock.py), or, where
+    # the credit is loose enough, a plain discard (LR_MULT 1.5 is worse)
+    got = [(r.exp_id, r.status.value) for r in rows]
+    assert got[3] in ((4, "discard"), (4, "timeout")), [(r.status.value, r.reason) for r in rows]
+    assert got[:3] + got[4:] == [(1, "keep"), (2, "keep"), (3, "stale"), (5, "keep")], \
+        [(r.status.value, r.reason) for r in rows]
     assert "re-run on top of it as experiment 0005" in rows[2].reason
     assert rows[4].parent == rows[1].commit and rows[4].val_bpb == pytest.approx(rows[2].val_bpb, abs=1e-5)
     text = GitRepo(root).file_at(GitRepo(root).head_sha(), "train.py")

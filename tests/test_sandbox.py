@@ -24,6 +24,7 @@ needs_landlock = pytest.mark.skipif(not sandbox.available()[0], reason="needs La
 
 
 def sandboxed(tmp_path: Path, policy: dict, code: str) -> subprocess.CompletedProcess:
+    sandbox.give_to_sandbox(*(w for w in policy.get("write", []) if w not in ("/dev", "/proc")))  # as ar does
     f = tmp_path / "policy.json"
     f.write_text(json.dumps(policy))
     return subprocess.run([sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(f), "--",
@@ -78,6 +79,29 @@ def test_complement_policy_hides_a_folder_and_a_rename_cannot_leak_it(tmp_path):
 
 
 @needs_landlock
+def test_a_hidden_folder_inside_a_readable_one_stays_unreadable(tmp_path):
+    lib = tmp_path / "lib"
+    (lib / "test" / "deep").mkdir(parents=True)
+    (lib / "pkg").mkdir()
+    for f in (lib / "a.py", lib / "pkg" / "b.py", lib / "test" / "val.py", lib / "test" / "deep" / "v.py"):
+        f.write_text("x = 1\n")
+    policy = sandbox.base_policy()
+    policy["read"] += [str(lib), str(lib / "pkg")]
+    policy["hide"] = [str(lib / "test")]
+    r = sandboxed(tmp_path, policy, probe({
+        "read a": f"open({str(lib / 'a.py')!r}).read()",
+        "read pkg": f"open({str(lib / 'pkg' / 'b.py')!r}).read()",
+        "list lib": f"os.listdir({str(lib)!r})",
+        "read test": f"open({str(lib / 'test' / 'val.py')!r}).read()",
+        "read deep": f"open({str(lib / 'test' / 'deep' / 'v.py')!r}).read()",
+        "list test": f"os.listdir({str(lib / 'test')!r})",
+    }))
+    out = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert out == {"read a": "ok", "read pkg": "ok", "list lib": "ok", "read test": "denied", "read deep": "denied",
+                   "list test": "ok"}, r.stdout + r.stderr      # names, never contents
+
+
+@needs_landlock
 def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
     marker = f"ar-sandbox-test-{os.getpid()}-{time.time()}"
     code = ("import os, time\n"
@@ -100,3 +124,80 @@ def test_no_sandbox_refuses_in_one_line_and_unsandboxed_marks_every_result(tmp_p
     Loop(cfg(sandbox=False), root, "t", None).run()
     rows = read_results(root / "runs" / "t" / "results.tsv")
     assert rows and all(r.reason.startswith("unsandboxed") for r in rows), [r.reason for r in rows]
+
+
+# ---- nothing outlives a run (issue 22, class 1) ---------------------------------------------------------------
+KEY = 0x41520000 + os.getpid() % 0xFFFF
+LIBC = "import ctypes, os, socket, sys, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+LEAVE = {   # kind -> (what the first run leaves, the statement the second run tries; it prints 'found' if it works)
+    "sysv shm": (f"print(libc.shmget({KEY}, 4096, 0o1666))", f"assert libc.shmget({KEY}, 0, 0o666) >= 0"),
+    "sysv msg": (f"print(libc.msgget({KEY + 1}, 0o1666))", f"assert libc.msgget({KEY + 1}, 0o666) >= 0"),
+    "sysv sem": (f"print(libc.semget({KEY + 2}, 1, 0o1666))", f"assert libc.semget({KEY + 2}, 0, 0o666) >= 0"),
+    "posix mq": (f"print(libc.mq_open(b'/ar-{KEY}', os.O_CREAT | os.O_RDWR, 0o666, None))",
+                 f"assert libc.mq_open(b'/ar-{KEY}', os.O_RDWR) >= 0"),
+    "dev shm": (f"open('/dev/shm/ar-{KEY}', 'w').write('weights')", f"open('/dev/shm/ar-{KEY}').read()"),
+    "keyring": (f"libc.syscall.restype = ctypes.c_long\n"
+                f"print(libc.syscall(248 if os.uname().machine == 'x86_64' else 217, b'user', b'ar-{KEY}', b'w', 1, -4))",
+                f"libc.syscall.restype = ctypes.c_long\n"
+                f"assert libc.syscall(250 if os.uname().machine == 'x86_64' else 219, 10, -4, b'user', b'ar-{KEY}', 0) >= 0"),
+    "abstract socket": (f"if os.fork() == 0:\n    os.setsid()\n    s = socket.socket(socket.AF_UNIX)\n"
+                        f"    s.bind(b'\\0ar-{KEY}')\n    s.listen()\n    time.sleep(30)\nos._exit(0) if False else time.sleep(0.5)",
+                        f"socket.socket(socket.AF_UNIX).connect(b'\\0ar-{KEY}')"),
+}
+
+
+def _remove_leftovers() -> None:
+    """What a run of the code before this defence leaves on the host (ipcrm, unlink)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for get, ctl, k in ((lambda k: libc.shmget(k, 0, 0o666), libc.shmctl, KEY),
+                        (lambda k: libc.msgget(k, 0o666), libc.msgctl, KEY + 1),
+                        (lambda k: libc.semget(k, 0, 0o666), None, KEY + 2)):
+        i = get(k)
+        if i >= 0:
+            (ctl(i, 0, None) if ctl else libc.semctl(i, 0, 0))   # IPC_RMID
+    libc.mq_unlink(f"/ar-{KEY}".encode())
+    Path(f"/dev/shm/ar-{KEY}").unlink(missing_ok=True)
+
+
+@needs_landlock
+@pytest.mark.parametrize("kind", list(LEAVE))
+def test_nothing_a_sandboxed_run_creates_reaches_the_next(tmp_path, kind):
+    leave, find = LEAVE[kind]
+    try:
+        first = sandboxed(tmp_path, sandbox.base_policy(), LIBC + leave)
+        second = sandboxed(tmp_path, sandbox.base_policy(),
+                           LIBC + f"try:\n    " + find.replace("\n", "\n    ") + "\n    print('found')\n"
+                           "except (OSError, AssertionError):\n    print('gone')")
+        assert second.stdout.strip() == "gone", (kind, first.stdout, first.stderr, second.stdout, second.stderr)
+    finally:
+        _remove_leftovers()
+
+
+@needs_landlock
+def test_isolation_is_said(tmp_path):
+    mode, why = sandbox.isolation()
+    assert mode in ("namespaces", "seccomp") and why, (mode, why)
+    assert why in sandbox.available()[1]
+
+
+@needs_landlock
+@pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor drops root only when it is root")
+def test_a_sandboxed_process_started_as_root_runs_as_nobody_and_writes_its_workspace(tmp_path):
+    work = tmp_path / "work"                     # under pytest's 0700 folder: readable inputs stay readable
+    work.mkdir()
+    (tmp_path / "input.txt").write_text("data")
+    policy = sandbox.base_policy()
+    policy["read"] += [str(tmp_path / "input.txt")]
+    policy["write"] += [str(work)]
+    r = sandboxed(tmp_path, policy, "import os\n"
+                  f"open({str(work / 'out')!r}, 'w').write(open({str(tmp_path / 'input.txt')!r}).read())\n"
+                  "open(f'/proc/{os.getpid()}/comm', 'w').write('x')\n"
+                  "import subprocess, sys\n"
+                  "subprocess.run([sys.executable, '-c', \"import os; open(f'/proc/{os.getpid()}/comm', 'w').write('y')\"],"
+                  " check=True)\n"
+                  "print(os.getuid(), os.geteuid(), os.getgroups())")
+    assert r.returncode == 0, r.stderr
+    uid, euid, groups = r.stdout.split(maxsplit=2)
+    assert int(uid) != 0 and int(euid) != 0 and groups.strip() == "[]", r.stdout
+    assert (work / "out").read_text() == "data"

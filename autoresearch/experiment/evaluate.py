@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..harness import sandbox
+from ..harness.data import hidden_sources
 from ..harness.env import KEPT_ENV
 from ..request import RunRequest
 from .execute import Workspace
@@ -34,11 +35,18 @@ class Verdict:
     holdout_bpb: float | None
 
 
-def worker_policy(ws: Workspace) -> dict:
+def worker_policy(ws: Workspace, job: Path | None = None, tok_dir: Path | None = None) -> dict:
+    """A model worker's sandbox: it reads the proposal's tree and the checkpoint, writes its own job folder."""
     p = sandbox.base_policy()
     p["read"] += [str(ws.src), str(ws.checkpoint)]
-    p["write"] += [str(ws.job)]
+    p["write"] += [str(job or ws.job)]
+    p["hide"] = hidden_sources(tok_dir)
     return p
+
+
+def fresh_job(ws: Workspace) -> Path:
+    """The folder of the fresh worker that scores a secret sample again (beside the main worker's, not in it)."""
+    return ws.root / "eval-fresh"
 
 
 class Server:
@@ -109,7 +117,9 @@ class Evaluation:
                "eval_tokens": req.eval_tokens, "holdout_tokens": req.holdout_tokens, "rows": req.eval_rows,
                "device": req.device, "manifest": manifest, "checkpoint": str(ws.checkpoint), "source": str(ws.src),
                "train_file": req.train_file, "job_dir": str(ws.job), "record": str(record), "private": str(private),
-               "timeout": req.eval_allowance, "sandbox": req.sandbox, "policy": worker_policy(ws),
+               "timeout": req.eval_allowance, "sandbox": req.sandbox, "policy": worker_policy(ws, tok_dir=req.tok_dir),
+               "fresh_job_dir": str(fresh_job(ws)), "fresh_policy": worker_policy(ws, fresh_job(ws), req.tok_dir),
+               "fresh_rows": req.eval_rows if req.device == "cuda" else min(req.eval_rows, 4),
                "tolerance": 1e-3 if req.device == "cpu" else 2e-3}
         record.unlink(missing_ok=True)
         self.submitted = server.send(json.dumps(doc))

@@ -6,10 +6,11 @@
 2. train.py runs there under the sandbox (harness/sandbox.py): it can read the interpreter, the libraries, its
    own tree and the training split; it can write its tree, the checkpoint folder and scratch; nothing else —
    not the validation split, not the token-bytes table, not runs/, not .git, not the installed package.
-3. ar owns the clock: it notes when the line of the last warm-up step arrives (AR_UNTIMED_STEPS, a runner
-   setting; a run that misnumbers its steps only moves time into its startup allowance) and when the checkpoint
-   was last changed (its files' ctime, which no process can set back; the process may take a while to exit). The run is `timeout` when it ran past budget + startup allowance + a last-step slack in all, or past
-   budget + slack after its warm-up, whatever it printed.
+3. ar owns the clock: the whole run, from process start to when the checkpoint was last changed (its files'
+   ctime, which no process can set back; the process may take a while to exit), must fit the session's startup
+   credit + the budget + a last-step slack (clock.py: the credit is the baseline's smallest startup, the same
+   for every candidate). Which step line the run prints moves nothing: compute moved before the first timed
+   step or into the warm-up steps is paid from the budget. train.py is told the deadline (AR_DEADLINE).
 4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
    killed before the result is returned (runner.run_training + the supervisor).
 """
@@ -31,10 +32,11 @@ from typing import Callable
 from .. import compile_cache
 from ..gitops import GitRepo
 from ..harness import launcher, sandbox
-from ..harness.data import train_view
+from ..harness.data import hidden_sources, train_view
 from ..request import RunRequest
 from ..metrics import parse_step
 from ..runner import STOP_INTERRUPTED, RunResult, run_training
+from . import clock
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,15 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None,
     archive = subprocess.run(["git", "-C", str(git.root), "archive", "--format=tar", commit], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(ws.src)], input=archive, check=True)
+    sandbox.give_to_sandbox(ws.src, ws.checkpoint, ws.scratch, ws.job)    # root: the run is `nobody` (sandbox.py)
     return ws, (train_view(tok_dir, ws.data) if tok_dir is not None else [])   # None: a command objective
 
 
 def seed_compile_cache(req: RunRequest, ws: Workspace) -> int:
-    """Copy the trusted compile store into the run's scratch caches (bytes copied; 0 without a store)."""
-    return compile_cache.seed(req.compile_store, ws.caches) if req.compile_store else 0
+    """Copy the trusted compile store into the run's compile folder (bytes copied; 0 without a store)."""
+    copied = compile_cache.seed(req.compile_store, ws.caches) if req.compile_store else 0
+    sandbox.give_to_sandbox(ws.caches)          # root: the run is `nobody`, and compiles into its copy
+    return copied
 
 
 def remove_workspace(ws: Workspace) -> None:
@@ -84,6 +89,7 @@ def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict
     p = sandbox.base_policy()
     p["read"] += [str(ws.data), *map(str, data_files), str(req.cache / "probe")]
     p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch), str(ws.caches)]
+    p["hide"] = hidden_sources(req.tok_dir)      # the raw files validation text comes from (a builtin corpus's)
     return p
 
 
@@ -97,15 +103,16 @@ def checkpoint_written(folder: Path) -> float | None:
 @dataclass
 class TrainOutcome:
     result: RunResult
-    startup: float | None                 # ar's clock: process start -> end of the warm-up steps
-    trained: float                        # ar's clock: end of warm-up (or start) -> exit
+    startup: float | None                 # ar's clock: process start -> the first timed step line (= window_start)
+    trained: float                        # ar's clock: the first timed step line (or start) -> checkpoint
     step_interval: float | None           # median gap between step lines as they arrived
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
-    started_at: float = 0.0               # wall clock: the process started
-    window_start: float | None = None     # wall clock: the last warm-up step's line arrived (ar's clock)
-    phases: dict = field(default_factory=dict)   # wall clock of other marks: model built, first and last step
+    started_at: float = 0.0               # wall clock: ar's clock started (the process, or its turn on the GPU)
+    window_start: float | None = None     # wall clock: the first timed step's line arrived
+    phases: dict = field(default_factory=dict)   # wall clock of other marks: spawned, model built, first/last step
     checkpoint_at: float | None = None    # wall clock: the checkpoint last changed
+    credit: float | None = None           # the startup credit the run had (the session's, clock.py)
 
 
 def launchable(cmd: list[str]) -> bool:
@@ -116,9 +123,10 @@ def launchable(cmd: list[str]) -> bool:
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
         on_line: Callable[[str], str | None] | None = None, allowance: float | None = None,
         turn=None) -> TrainOutcome:
-    """Train once; `allowance` is the startup allowance this run gets (tightened after the baseline). `turn`:
-    the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the process's exit;
-    the process starts before it (harness/launcher.py: only trusted imports run until the turn is taken)."""
+    """Train once; `allowance` is the session's startup credit (clock.py; the configured allowance until the
+    baseline has run). `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's
+    start to the process's exit; the process starts before it (harness/launcher.py: only trusted imports run
+    until the turn is taken, and ar's clock starts with the turn)."""
     cmd = list(req.train_command)
     go_r = go_w = None
     if turn is not None and launchable(cmd):
@@ -130,9 +138,11 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
     env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch, cache=ws.caches)
     arrivals: list[float] = []
-    timed_from: list[float] = []      # when the last untimed (warm-up) step ended: ar's clock starts there
+    timed_from: list[float] = []      # when the first timed step's line arrived (shown; the clock does not use it)
+    credit = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
+    grace = clock.tolerance(credit)                                     # load jitter (clock.py)
     built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)
-    clock = [time.monotonic(), time.time()]   # ar's clock starts here, or when the turn is taken
+    t_start = [time.monotonic(), time.time()]   # ar's clock starts here, or when the turn is taken
     taken: list[bool] = []
     ready = threading.Event()
 
@@ -147,11 +157,10 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         if not turn.take():
             return False
         taken.append(True)
-        clock[:] = [time.monotonic(), time.time()]
+        t_start[:] = [time.monotonic(), time.time()]
         if go_w is not None:
             try:
-                budget_end = clock[1] + (allowance or req.startup_allowance) + req.time_budget
-                os.write(go_w, f"go {budget_end:.3f}\n".encode())
+                os.write(go_w, f"go {t_start[1] + credit + req.time_budget:.3f}\n".encode())   # AR_DEADLINE
             except OSError:
                 pass                 # the launcher is gone already: the run ends as it ended
         return True
@@ -160,7 +169,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         if not ready.is_set() and go_w is not None and line == launcher.READY:
             ready.set()          # before the clock: the launcher's own line, said before the proposal is loaded
             return None
-        t0 = clock[0]
+        t0 = t_start[0]
         if line.startswith("model:") and not built:       # train.py's line once the model is built
             built.append(time.monotonic() - t0)
         if line.startswith("step "):
@@ -177,6 +186,8 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
             log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on the GPU)\n")
             result = RunResult(None, False, STOP_INTERRUPTED, 0.0, log_path, False)
         else:
+            if go_r is None:     # train.py stops by then (RunEnv.progress); through the launcher, `go` says it
+                env["AR_DEADLINE"] = f"{t_start[1] + credit + req.time_budget:.3f}"
             result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(),
                                   on_line=clocked, max_log_bytes=req.max_log_bytes,
                                   gate=gate if go_r is not None else None,
@@ -187,27 +198,24 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
                 os.close(fd)
         if taken:
             turn.give_back()
-    t0, t0_wall = clock
+    t0, t0_wall = t_start
     startup = timed_from[0] if timed_from else None
     written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
     ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
-    trained = ended - startup if startup is not None else 0.0   # never past warm-up: only the total limit applies
+    trained = ended - startup if startup is not None else 0.0
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     interval = statistics.median(gaps) if gaps else None
-    allowance = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
     # the last step may finish past the budget, if it is no longer than 3 typical steps (and saving takes 2 s)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
-    limit = req.time_budget + allowance + slack
+    limit = credit + grace + req.time_budget + slack
     over = None
-    if result.stop_reason:
-        pass
-    elif ended > limit:
-        over = (f"ran {ended:.1f}s by ar's clock, past the budget {req.time_budget:g}s + startup "
-                f"allowance {allowance:.1f}s + last-step slack {slack:.1f}s")
-    elif trained > req.time_budget + slack:
-        over = (f"trained {trained:.1f}s by ar's clock after its warm-up steps, past the budget {req.time_budget:g}s "
-                f"+ last-step slack {slack:.1f}s")
+    if not result.stop_reason and ended > limit:
+        over = (f"ran {ended:.1f}s by ar's clock (process start to checkpoint), past the budget: startup credit "
+                f"{credit:.1f}s (+{grace:.1f}s for load) + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
+        if startup is not None and startup > credit + grace:
+            over += (f"; its first timed step came {startup - credit:.1f}s later than the baseline's: whatever "
+                     f"runs before it is paid from the budget")
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
         over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
                  f"(TOTAL_BATCH_SIZE)")
@@ -216,4 +224,4 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
               "last_step": t0_wall + arrivals[-1] if arrivals else None}
     return TrainOutcome(result, startup, trained, interval, over, req.sandbox, started_at=t0_wall,
                         window_start=t0_wall + startup if startup is not None else None, checkpoint_at=written,
-                        phases=phases)
+                        phases=phases, credit=credit)

@@ -15,6 +15,7 @@ import os
 from .. import compile_cache, faults, guards
 from ..errors import ConfigError, GitError
 from ..gitops import short
+from ..harness.data import hidden_sources
 from ..harness.env import default_cache
 from ..knobs import read_knobs, set_knobs
 from ..ledger import Row, Status
@@ -187,7 +188,7 @@ def _agent_policy(lp) -> dict | None:
     scores, no changing the installed package; everything else as the user."""
     if not lp.sandboxed:
         return None
-    data = [str(lp.tok_dir.parent)] if lp.tok_dir is not None else []     # None: a command objective
+    data = [str(lp.tok_dir.parent), *hidden_sources(lp.tok_dir)] if lp.tok_dir is not None else []   # None: a command
     store = str(compile_cache.store_dir(default_cache()).parent)            # what trusted runs compiled
     return {"deny": [*data, str(settle.private_path(lp).parent), store],
             "read_only": [str(lp.fingerprint.package_dir)], "network": True}

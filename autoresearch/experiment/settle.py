@@ -23,6 +23,7 @@ from ..ledger import Row, Status, now_iso
 from ..metrics import parse_log_file, recompute_mfu
 from ..repeats import built_config, same_build
 from ..runner import STOP_INTERRUPTED
+from . import clock
 from .context import Event, Experiment, SlotContext, write_json
 
 
@@ -41,8 +42,9 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
                 "returncode": result.returncode, "stop_reason": result.stop_reason,
                 "log_truncated": result.log_truncated, "sandboxed": out.sandboxed})
     x.mfu = _mfu(lp, m)
-    if x.spec.kind == "baseline" and out.startup is not None and result.returncode == 0:
-        lp.allowance = min(lp.cfg.startup_allowance, 1.5 * out.startup + 10)
+    if (x.spec.kind == "baseline" or x.spec.payload.get("calibrate")) and out.startup is not None and \
+            result.returncode == 0 and not out.over_budget:      # the baseline commit: the session's startup credit
+        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, lp.cfg.startup_allowance)
     if result.stop_reason == STOP_INTERRUPTED:
         return Status.INTERRUPTED, "interrupted", m
     if x.tampered:
@@ -124,6 +126,9 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
             status, reason = _confirm(lp, x, best.val_bpb, m.val_bpb, budget, seed)
             if speed:
                 reason = f"the same model as the best ran at {speed:.1f}x its tokens/s, so {reason}"
+        late = clock.late_note(x.outcome.startup, x.outcome.credit) if x.outcome is not None else None
+        if late:
+            reason = f"{reason}; {late}"
     faults.point("decide")
     if status is Status.KEEP:
         lp.best_sha = x.sha
@@ -204,6 +209,8 @@ def record_as(lp, x: Experiment, status: Status, *, m=None, reason: str = "") ->
 def _row(lp, x: Experiment, status: Status, *, m=None, reason: str = "") -> Row:
     if not lp.sandboxed:
         reason = f"unsandboxed; {reason}" if reason else "unsandboxed"
+    if getattr(lp, "val_readable", False):
+        reason = f"validation text readable; {reason}" if reason else "validation text readable"
     return Row(commit=short(x.sha) if x.sha else "", val_bpb=x.val_bpb,
                memory_gb=None if m is None or m.memory_gb is None else round(m.memory_gb, 1), status=status,
                description=x.description or x.spec.kind, exp_id=x.spec.id, tag=lp.tag,

@@ -65,7 +65,7 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
             "cache_adopted_files": adopted, "trusted_code": req.trusted_code})
     finally:
         for name, src in (("eval.log", ws.job / "eval.log"),):
-            if src.is_file():
+            if src.is_file() and not src.is_symlink():     # the worker owns its folder: a link is not a log
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)
     return Trial(out, verdict, has_ckpt, tampered, broken)

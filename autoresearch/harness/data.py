@@ -24,14 +24,22 @@ Sources:
   best-fit packing crops a document that fits no row and drops its tail, so whole 100 KB files would be
   trained (and evaluated) on their first page only: with whole files about 27% of the stdlib's tokens would
   ever reach a 2048-token row, with 4000-character pieces 85% (vocab 8192, bench/bench_loader.py).
-Validation for `files` and `builtin*` is pinned by a hash of each document's path (and row), VAL_FRACTION of
-them, at least one.
+Validation for `files` is picked by a keyed hash of each document's path (and row), VAL_FRACTION of them, at
+least one; the key is this installation's secret (`<cache>/.secret/split.key`, made on first use, which no
+sandboxed process can read), so the split cannot be replayed from the harness's code. Validation for `builtin*`
+comes only from the standard library's own test suite (`Lib/test`, VAL_TEST_FRACTION of its documents by the
+keyed hash, the rest train): no run needs those files, and the sandbox hides them (`hidden_sources`) from
+training, the model worker and the agent. Where a Python has no `Lib/test`, validation falls back to the keyed
+hash over every file, which proposal code can read: raw.json then says `val_readable` and `ar run` says so and
+marks every result.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import secrets
 import os
 import shutil
 import site
@@ -51,13 +59,14 @@ from .download import Progress, download, download_all, one_line  # noqa: F401  
 from .tokenizer import MAX_VOCAB, MIN_VOCAB, Tokenizer
 
 SOURCES = ("climbmix", "files", "builtin", "builtin-site")
-FORMAT = 1                                   # bump when the tokenized layout changes
+FORMAT = 2                                   # bump when the tokenized layout or the split rule changes
 
 CLIMBMIX_BASE_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
 CLIMBMIX_TRAIN_SHARDS = 10                   # upstream's default download
 CLIMBMIX_VAL_SHARD = 6542                    # the last shard, pinned for validation
 
 VAL_FRACTION = 0.05
+VAL_TEST_FRACTION = 0.1                      # of the stdlib's test suite (about half its sources): ~5% of builtin
 DOC_MAX_CHARS = 4000                         # ~1k tokens: small enough for best-fit to fill 2048-rows
 TOKENIZER_SAMPLE_CHARS = 200_000_000         # BPE is trained on this much training text at most
 RAW_SHARD_CHARS = 256_000_000
@@ -97,17 +106,29 @@ def prepare(source: str, *, cache: Path, vocab_size: int, name: str | None = Non
         raw = _climbmix_raw(ddir, num_shards=num_shards, base_url=base_url, val_shard=val_shard,
                             workers=workers, say=say)
     else:
+        key = split_key(cache)
         if source == "files":
             if path is None:
                 raise DataError("the `files` source needs a folder: `ar prepare files --path DIR`")
-            docs = _files_docs(Path(path), _list_files(Path(path)))
+            docs = _cap(_files_docs(Path(path), _list_files(Path(path))), max_bytes)
             params = {"path": str(Path(path).resolve())}
+            hidden, val_only = [str(Path(path).resolve())], None
         else:
-            docs = _builtin_docs(site_packages=source == "builtin-site")
+            test_dir = Path(sysconfig.get_paths()["stdlib"]) / "test"
+            val_only = (lambda k: k.startswith(VAL_KEY_PREFIX)) if test_dir.is_dir() else None
+            files = builtin_files(site_packages=source == "builtin-site")
+            # the test suite in the keyed order (a capped corpus then takes validation documents first, a tenth
+            # of the cap), the rest in path order
+            held_out = sorted((f for f in files if val_only and val_only(f[0])), key=lambda f: _key_hash(f[0], key))
+            rest = [f for f in files if not (val_only and val_only(f[0]))]
+            docs = iter([*_cap(_file_docs(held_out), max(1, max_bytes // 10)), *_cap(_file_docs(rest), max_bytes)]) \
+                if max_bytes else _file_docs(held_out + rest)
             params = {"python": sysconfig.get_python_version()}
+            hidden = [str(test_dir.resolve())] if val_only else []
         say(f"collecting {source} text into {ddir}")
         ddir.mkdir(parents=True, exist_ok=True)
-        raw = _write_raw(ddir, _cap(docs, max_bytes), source=source, params={**params, "max_bytes": max_bytes})
+        raw = _write_raw(ddir, docs, source=source, params={**params, "max_bytes": max_bytes}, secret=key,
+                         val_only=val_only, hidden=hidden)
     return _tokenize(ddir, raw, vocab_size=vocab_size, name=name, say=say)
 
 
@@ -277,8 +298,52 @@ def _walk(root: Path, suffixes: tuple[str, ...], skip: set[str]) -> Iterator[Pat
                     yield p
 
 
+VAL_KEY_PREFIX = "stdlib/test/"             # the builtin corpus's validation documents come from here only
+
+
+def split_key(cache: Path) -> bytes:
+    """This installation's secret split key (made on first use; readable by the user only, and by no sandbox)."""
+    folder = Path(cache) / ".secret"
+    f = folder / "split.key"
+    try:
+        return bytes.fromhex(f.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    tmp = folder / f".split.key.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32))
+    try:
+        os.link(tmp, f)                              # the first writer wins; every other reads its key
+    except FileExistsError:
+        pass
+    tmp.unlink()
+    return bytes.fromhex(f.read_text().strip())
+
+
+def hidden_sources(tok_dir: Path | None) -> list[str]:
+    """What proposal code must not read for this prepared dataset: the raw files its validation text comes from
+    (raw.json's `hidden`) and the installation's split key."""
+    if tok_dir is None:
+        return []
+    ddir = Path(tok_dir).parent
+    raw = _read_raw(ddir) or {}
+    return [*raw.get("hidden", []), str(ddir.parent / ".secret")]
+
+
+def validation_readable(tok_dir: Path | None) -> bool:
+    """True when the dataset's validation text comes from files proposal code can read (raw.json says so)."""
+    return tok_dir is not None and bool((_read_raw(Path(tok_dir).parent) or {}).get("val_readable"))
+
+
 def _builtin_docs(site_packages: bool) -> Iterator[tuple[str, str]]:
-    for key, p in builtin_files(site_packages):
+    return _file_docs(builtin_files(site_packages))
+
+
+def _file_docs(files: list[tuple[str, Path]]) -> Iterator[tuple[str, str]]:
+    for key, p in files:
         try:
             text = p.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -315,8 +380,9 @@ def _cap(docs: Iterable[tuple[str, str]], max_bytes: int | None) -> Iterator[tup
         yield key, text
 
 
-def _key_hash(key: str) -> int:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+def _key_hash(key: str, secret: bytes = b"") -> int:
+    digest = hmac.new(secret, key.encode(), "sha256").digest() if secret else hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
 # ---- raw text: writing -------------------------------------------------------------------------------------
@@ -364,9 +430,11 @@ class _ShardWriter:
         self._close_writer()
 
 
-def _write_raw(ddir: Path, docs: Iterable[tuple[str, str]], *, source: str, params: dict) -> dict:
-    """Split `docs` into train/val (pinned by key hash, at least one of each) and write them as parquet shards;
-    then swap them in for the previous raw shards and write raw.json last."""
+def _write_raw(ddir: Path, docs: Iterable[tuple[str, str]], *, source: str, params: dict, secret: bytes = b"",
+               val_only=None, hidden: list[str] = ()) -> dict:
+    """Split `docs` into train/val (by the keyed hash of each key, at least one of each; with `val_only`, only
+    keys it accepts can be validation, VAL_TEST_FRACTION of them) and write them as parquet shards; then swap
+    them in for the previous raw shards and write raw.json last. `hidden`: the folders validation comes from."""
     tmp = ddir / f".raw.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -374,9 +442,13 @@ def _write_raw(ddir: Path, docs: Iterable[tuple[str, str]], *, source: str, para
     digest = hashlib.sha256()
     # Hold back the train candidate with the lowest hash and the val candidate with the highest, so that a
     # corpus too small to get a validation document by hash still gets one (and likewise for training).
-    held: dict[str, tuple[int, str] | None] = {"train": None, "val": None}
+    held: dict[str, tuple[int, str, str] | None] = {"train": None, "val": None}
+    readable = [not hidden]                  # True once a validation document is not from the hidden files
+    fraction = VAL_TEST_FRACTION if val_only else VAL_FRACTION
 
-    def emit(split: str, text: str) -> None:
+    def emit(split: str, text: str, key: str) -> None:
+        if split == "val" and val_only is not None and not val_only(key):
+            readable[0] = True
         writers[split].add(text)
         digest.update(f"{split}\0{len(text)}\0".encode())
         digest.update(text.encode("utf-8", "replace"))
@@ -385,15 +457,15 @@ def _write_raw(ddir: Path, docs: Iterable[tuple[str, str]], *, source: str, para
         for key, text in docs:
             if not text:
                 continue
-            h = _key_hash(key)
-            split = "val" if h < VAL_FRACTION * 2**64 else "train"
+            h = _key_hash(key, secret)
+            split = "val" if h < fraction * 2**64 and (val_only is None or val_only(key)) else "train"
             better = (lambda a, b: a < b) if split == "train" else (lambda a, b: a > b)
             prev = held[split]
             if prev is None or better(h, prev[0]):
-                held[split] = (h, text)
-                text = prev[1] if prev else ""
+                held[split] = (h, text, key)
+                text, key = (prev[1], prev[2]) if prev else ("", key)
             if text:
-                emit(split, text)
+                emit(split, text, key)
         n = writers["train"].docs + writers["val"].docs + sum(v is not None for v in held.values())
         if n < 2:
             raise DataError(f"the {source} corpus has {n} non-empty document(s); it needs at least 2 "
@@ -401,7 +473,7 @@ def _write_raw(ddir: Path, docs: Iterable[tuple[str, str]], *, source: str, para
         for split, other in (("train", "val"), ("val", "train")):
             if held[split] is not None:
                 lacking = writers[other].docs == 0 and held[other] is None
-                emit(other if lacking else split, held[split][1])
+                emit(other if lacking else split, held[split][1], held[split][2])
         for w in writers.values():
             w.close()
         old = _read_raw(ddir)
@@ -417,7 +489,7 @@ def _write_raw(ddir: Path, docs: Iterable[tuple[str, str]], *, source: str, para
         shutil.rmtree(tmp, ignore_errors=True)
     raw = {"source": source, "params": params, "train": writers["train"].files, "val": writers["val"].files,
            "docs": {s: w.docs for s, w in writers.items()}, "chars": {s: w.chars for s, w in writers.items()},
-           "sha256": digest.hexdigest()}
+           "sha256": digest.hexdigest(), "hidden": list(hidden), "val_readable": readable[0]}
     _write_json(ddir / "raw.json", raw)
     return raw
 

@@ -15,13 +15,18 @@ Checks, each a rejection with a reason a user can read:
 - causality: at a batch chosen in secret, a few rows are sent again with the tokens after a secret cut replaced
   by random ones, in a shuffled batch; logits before the cut must not change (a model that looks ahead fails);
 - purity: the other rows of that batch, sent again in other positions, must give the same logits (a model
-  that learns from what it is shown, or keys on batch position, fails).
+  that learns from what it is shown, or keys on batch position, fails);
+- freshness: a secret sample of rows from every batch scored (hold-out included) is scored again, after the
+  main worker is gone, by a second worker process that was shown nothing else, with batch-mates from other
+  batches; its logits must give the same losses (a model that learns from the evaluation stream, a cache or a
+  memo of what it was shown, fails even when it repeats itself for the purity and causality checks).
 A hold-out slice (validation rows after the evaluated ones) is scored the same way and written only to the
 private file the runner names, never to the record or any log.
 
 REQUEST (JSON): tok_dir, dataset, seq_len, eval_tokens, holdout_tokens, rows, device, manifest {file: sha256},
 checkpoint, source, train_file, job_dir, record, private, timeout, sandbox (bool), policy (the worker's
-sandbox policy), tolerance.
+sandbox policy), tolerance; fresh_job_dir, fresh_policy, fresh_rows (the fresh worker's folder, policy and rows;
+without fresh_job_dir there is no fresh re-score).
 """
 
 from __future__ import annotations
@@ -70,11 +75,22 @@ class Zygote:
                                      cwd="/")   # in the evaluator's process group: whoever stops that stops both
         self.ready = False
 
-    def spawn(self, job: dict) -> int:
+    def _start(self) -> None:
         if not self.ready:
             if self.proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("the model fork server did not start; see evaluator.log")
             self.ready = True
+
+    def clean(self, spare: int | None = None) -> None:
+        """Kill whatever the last workers left behind, now (not when the next job comes); all but `spare`."""
+        self._start()
+        self.proc.stdin.write("clean\n" if spare is None else f"clean {spare}\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "clean":
+            raise RuntimeError("the model fork server stopped; see evaluator.log")
+
+    def spawn(self, job: dict) -> int:
+        self._start()
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline().split()
@@ -92,8 +108,9 @@ class Zygote:
 class _Worker:
     """One sandboxed model process (a child of the zygote) and its line protocol over two FIFOs."""
 
-    def __init__(self, req: dict, zygote: Zygote, deadline: float):
-        d = Path(req["job_dir"])
+    def __init__(self, req: dict, zygote: Zygote, deadline: float, job_dir: str | None = None,
+                 policy: dict | None = None):
+        d = Path(job_dir or req["job_dir"])
         for name in ("to_worker", "from_worker"):
             (d / name).unlink(missing_ok=True)
             os.mkfifo(d / name, 0o600)
@@ -101,7 +118,7 @@ class _Worker:
         env.update(HOME=str(d), TMPDIR=str(d), PYTHONUNBUFFERED="1")
         self.deadline = deadline
         self.rfd = os.open(d / "from_worker", os.O_RDONLY | os.O_NONBLOCK)
-        self.pid = zygote.spawn({"job_dir": str(d), "source": req["source"], "policy": req["policy"],
+        self.pid = zygote.spawn({"job_dir": str(d), "source": req["source"], "policy": policy or req["policy"],
                                  "sandbox": req.get("sandbox", True), "env": env})
         while True:                                  # the writer end opens once the worker opens its reader end
             try:
@@ -200,9 +217,10 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
     tok_dir, job = Path(req["tok_dir"]), Path(req["job_dir"])
     B, T = int(req["rows"]), int(req["seq_len"])
     record = {"val_bpb": None, "eval_tokens": int(req["eval_tokens"]), "eval_bytes": None, "dataset": req["dataset"],
-              "seq_len": T, "rejected": None, "causal_max_diff": None, "purity_max_diff": None}
+              "seq_len": T, "rejected": None, "causal_max_diff": None, "purity_max_diff": None,
+              "fresh_max_diff": None}
     cache = {} if cache is None else cache
-    worker = None
+    worker = fresh = None
     try:
         for name, digest in req["manifest"].items():
             if sha256_file(tok_dir / name) != digest:
@@ -224,13 +242,19 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         go()                                     # the runner: the checkpoint is complete
         t_go = time.monotonic()
         deadline = time.monotonic() + float(req["timeout"])
+        fresh_dir = Path(req["fresh_job_dir"]) if req.get("fresh_job_dir") else None
         for transfer in (["ipc", "host"] if device.type == "cuda" else ["host"]):
-            (job / "job.json").write_text(json.dumps({
-                "rows": B, "seq_len": T, "vocab": V, "device": req["device"], "checkpoint": req["checkpoint"],
-                "source": req["source"], "train_file": req["train_file"], "transfer": transfer}))
-            inp, out = _buffers(job, B, T, V, device, transfer)
+            inp, out = _job(job, B, T, V, device, transfer, req)
             worker = _Worker(req, zygote, deadline)
             worker.send("go")
+            if fresh_dir is not None:        # shown nothing until the end: it loads while the main pass runs
+                nf = min(B, int(req.get("fresh_rows") or B))
+                fresh_dir.mkdir(exist_ok=True)
+                from .sandbox import give_to_sandbox
+                give_to_sandbox(fresh_dir)
+                fresh_bufs = _job(fresh_dir, nf, T, V, device, transfer, req)
+                fresh = _Worker(req, zygote, deadline, str(fresh_dir), req["fresh_policy"])
+                fresh.send("go")
             try:
                 worker.expect("ready")
                 break
@@ -239,12 +263,16 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
                     raise
                 print(f"evaluator: {e}; falling back to host transfer", file=sys.stderr, flush=True)
                 worker.close()
+                if fresh is not None:
+                    fresh.close()
+                    fresh = None
         record["transfer"] = transfer
         token_bytes = token_bytes.to(device)
         secret = secrets.SystemRandom()
         check_at = secret.randrange(len(batches))
+        sample = _fresh_sample(secret, len(batches) + len(held), B, fresh_bufs[0].size(0)) if fresh else {}
         nats, nbytes = _score(worker, inp, out, batches, token_bytes, record["eval_tokens"], device,
-                              check=(check_at, secret, req, record))
+                              check=(check_at, secret, req, record), keep=sample)
         if nbytes == 0:
             raise Rejected(f"the {record['eval_tokens']} evaluated targets stand for no bytes")
         bpb = nats / (math.log(2) * nbytes)
@@ -253,18 +281,74 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         record.update(val_bpb=bpb, eval_bytes=nbytes)
         private = {"holdout_bpb": None, "holdout_tokens": 0}
         if held:
-            hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device)
+            hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device, keep=sample, first=len(batches))
             private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
+        if fresh is not None:
+            worker.close()                       # gone before the fresh worker is shown anything, with every
+            worker = None                        # process it left (only the fresh worker's own tree is spared)
+            zygote.clean(spare=fresh.pid)
+            _check_fresh(fresh, *fresh_bufs, batches + held, sample, secret, device, req, record)
         record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
     except Rejected as e:
         record.update(val_bpb=None, rejected=str(e))
         private = {"holdout_bpb": None, "holdout_tokens": 0}
     finally:
-        if worker is not None:
-            worker.close()
-        for name in ("in.bin", "out.bin", "ipc.pkl", "to_worker", "from_worker"):
-            (job / name).unlink(missing_ok=True)
+        for w in (worker, fresh):
+            if w is not None:
+                w.close()
+        try:
+            zygote.clean()                       # nothing a worker started outlives its evaluation
+        except (OSError, RuntimeError):
+            pass
+        for d in (job, Path(req["fresh_job_dir"]) if req.get("fresh_job_dir") else None):
+            for name in ("in.bin", "out.bin", "ipc.pkl", "to_worker", "from_worker"):
+                if d is not None:
+                    (d / name).unlink(missing_ok=True)
     return {"record": record, "private": private}
+
+
+def _job(job: Path, B: int, T: int, V: int, device, transfer: str, req: dict):
+    """Write a worker's job.json and make its buffers (the worker's to write when it runs as another uid)."""
+    (job / "job.json").write_text(json.dumps({
+        "rows": B, "seq_len": T, "vocab": V, "device": req["device"], "checkpoint": req["checkpoint"],
+        "source": req["source"], "train_file": req["train_file"], "transfer": transfer}))
+    bufs = _buffers(job, B, T, V, device, transfer)
+    from .sandbox import give_to_sandbox
+    give_to_sandbox(*(job / n for n in ("in.bin", "out.bin")))
+    return bufs
+
+
+def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
+    """k secret (batch, row) pairs to score again in a fresh worker, from as many batches as there are."""
+    pairs = [(b, r) for b in range(n_batches) for r in range(B)]
+    secret.shuffle(pairs)
+    out, used = [], set()
+    for b, r in pairs:                  # one row per batch first, then the rest
+        if b not in used:
+            out.append((b, r))
+            used.add(b)
+        if len(out) == k:
+            break
+    out += [p for p in pairs if p not in out][:k - len(out)]
+    return {p: None for p in out}
+
+
+def _check_fresh(fresh, inp, out, batches, sample: dict, secret, device, req: dict, record: dict) -> None:
+    """Score the sampled rows again in the fresh worker, shuffled together; their losses must not move."""
+    import torch
+    fresh.expect("ready")
+    pairs = list(sample)
+    secret.shuffle(pairs)
+    x = torch.stack([batches[b][0][r] for b, r in pairs]).to(device)
+    y = torch.stack([batches[b][1][r] for b, r in pairs]).to(device)
+    again = _nll(_call(fresh, inp, out, x), y).double().cpu()
+    diff = max(float((again[i] - sample[p]).abs().max()) for i, p in enumerate(pairs))
+    record["fresh_max_diff"] = diff
+    tol = float(req.get("tolerance", 1e-3))
+    if diff > tol:
+        raise Rejected(f"the model's logits depend on what it was shown before: {len(pairs)} secret rows scored "
+                       f"again by a fresh model process (shown nothing else) gave losses {diff:.3g} apart "
+                       f"(tolerance {tol:g}); a row's logits must depend on that row alone")
 
 
 def _buffers(job: Path, B: int, T: int, V: int, device, transfer: str = "host"):
@@ -306,7 +390,7 @@ def _nll(logits, y):
     return logits.logsumexp(-1) - logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)
 
 
-def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=None):
+def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=None, keep=None, first: int = 0):
     """Summed nats and bytes over exactly n_tokens targets (rows in order; the last batch counted in part)."""
     import torch
     nats = torch.zeros((), dtype=torch.float64, device=device)
@@ -322,6 +406,9 @@ def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=
         nats += torch.where(w > 0, _nll(logits, y).double(), 0.0).sum()
         nbytes += w.sum()
         left -= min(left, per)
+        for (b, r) in (keep or {}):
+            if b == first + i:              # a sampled row: its losses, for the fresh worker's re-score
+                keep[(b, r)] = _nll(logits[r], y[r]).double().cpu()
         if check is not None and i == check[0]:
             _check_causal(worker, inp, out, x, logits, *check[1:])
         del logits

@@ -8,7 +8,8 @@ session, restricts itself to the policy (Landlock; the child is single-threaded 
 environment, closes every inherited descriptor, connects to the evaluator through two FIFOs in the job folder
 (`to_worker`, `from_worker`) and runs worker.main. It answers "pid N" for each job. No process that ran one
 proposal's code serves another: each child exits after its job, and the zygote (a child subreaper) kills
-whatever a child left behind before the next job starts.
+whatever a child left behind when the evaluator says "clean" (after every evaluation, whose two workers, the
+main one and the fresh one, run side by side; it answers "clean").
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ def _child(job: dict) -> int:
     d = job["job_dir"]
     log = os.open(os.path.join(d, "eval.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 2)
+    fin = os.open(os.path.join(d, "to_worker"), os.O_RDONLY)      # before the sandbox: the FIFOs stay the
+    fout = os.open(os.path.join(d, "from_worker"), os.O_WRONLY)   # evaluator's, the worker never opens them
     if job.get("sandbox", True):
-        sandbox.restrict_policy(job["policy"])
-    fin = os.open(os.path.join(d, "to_worker"), os.O_RDONLY)
-    fout = os.open(os.path.join(d, "from_worker"), os.O_WRONLY)
+        sandbox.restrict_policy(job["policy"])     # its own namespaces, not root, then Landlock
     os.dup2(fin, 0)
     os.dup2(fout, 1)
     os.closerange(3, 1 << 16)              # nothing of the zygote's pipes or the evaluator's reaches the model
@@ -58,6 +59,7 @@ def _serve() -> int:
     import torch  # noqa: F401  (the point: imported once, before any fork)
     import safetensors.torch  # noqa: F401
 
+    sandbox.sandbox_ids()                 # looked up once here, not in each forked worker
     libc = sandbox._libc()
     if libc is not None:
         libc.prctl(sandbox._PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -65,7 +67,11 @@ def _serve() -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        sandbox._kill_below(os.getpid())   # leftovers of the last job (re-parented daemons included)
+        if line.split()[0] == "clean":     # an evaluation is over: its workers' leftovers (daemons included) go;
+            spare = int(line.split()[1]) if len(line.split()) > 1 else None   # "clean PID": all but that worker
+            sandbox._kill_below(os.getpid(), spare)
+            print("clean", flush=True)
+            continue
         job = json.loads(line)
         sys.stdout.flush()
         pid = os.fork()

@@ -175,3 +175,101 @@ def test_agent_time_tampering_is_rejected_and_stops_the_loop(after_baseline, tmp
         assert summary.failed and "restore" in summary.stop_reason, summary.stop_reason
     table.add("agent-time tampering: reading validation data, poisoned harness, poisoned bytecode, moved data",
               trials=1, wrongly_kept=int(row.status is Status.KEEP))
+
+
+# ---- second round (issue 22): doors the first round left open -------------------------------------------------
+# attack -> (statuses it may end as, what the reason must say, a line its logs must not show: the attack worked)
+ROUND2 = {
+    "shm_leak": ({"discard", "timeout", "crash"}, "", "leaked "),
+    "memo_cache": ({"rejected"}, "fresh model process", None),
+    "silent_warmup": ({"timeout"}, "startup credit", None),
+}
+
+
+@pytest.fixture(scope="module")
+def after_honest(tmp_path_factory, tiny_dataset) -> Path:
+    """The hostile repo after its baseline and an honest win (LR 0.01, kept): every second-round attack is that
+    win plus the attack, so only the attack could make it a new best."""
+    tmp = tmp_path_factory.mktemp("hostile-honest")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "200")
+        for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR",
+                    "AR_FAULT"):
+            mp.delenv(var, raising=False)
+        root, cfg, attack_file, cache, tok = _hostile(tmp, mp, tiny_dataset)
+        with Loop(cfg, root, "t", AgentProposer(cfg.agent, timeout=60)) as loop:
+            loop.run(max_experiments=1)                                     # the baseline
+            attack_file.write_text("honest")
+            loop.run(max_experiments=1)
+        assert [r.status for r in read_results(root / "runs" / "t" / "results.tsv")] == [Status.KEEP] * 2
+    return root
+
+
+def _remove_shm_leftover() -> None:
+    """The shm_leak attack's segment, where code without the IPC defence left it on the host."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    sid = libc.shmget(0x41520022, 0, 0o666)
+    if sid >= 0:
+        libc.shmctl(sid, 0, None)                        # IPC_RMID
+
+
+def _logs(root: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for d in sorted((root / "runs" / "t").glob("0*-*"))
+                     for p in (d / "train.log", d / "eval.log") if p.is_file())
+
+
+@pytest.mark.parametrize("attack", list(ROUND2))
+def test_second_round_attacks_are_never_kept(after_honest, tmp_path, monkeypatch, tiny_dataset, attack, table):
+    shutil.copytree(after_honest, tmp_path / "repo", symlinks=True)
+    root, cfg, attack_file, cache, tok = _hostile(tmp_path, monkeypatch, tiny_dataset)
+    allowed, says, worked = ROUND2[attack]
+    rows = []
+    _remove_shm_leftover()
+    with Loop(cfg, root, "t", AgentProposer(cfg.agent, timeout=60)) as loop:
+        for name in ([attack, "shm_leak_again"] if attack == "shm_leak" else [attack]):   # the second reads
+            attack_file.write_text(name)                                                 # what the first left
+            loop.run(max_experiments=1)
+            rows.append(last(root))
+            print(f"{attack:18} {rows[-1].status.value:9} {rows[-1].reason[:200]}")
+    for row in rows:
+        assert row.status.value in allowed, (attack, row.status, row.reason)
+        assert says in row.reason, (attack, row.reason)
+    _remove_shm_leftover()
+    if worked:
+        assert worked not in _logs(root), f"{attack}: the attack got through ({worked!r} in a log)"
+    table.add(f"second round: {attack}", trials=len(rows), wrongly_kept=sum(r.status is Status.KEEP for r in rows))
+
+
+def test_validation_text_rebuilt_from_readable_files_is_not_kept(tmp_path, monkeypatch, table):
+    """The `builtin` corpus is the interpreter's own files: replaying the split over them and packing the
+    validation rows as the evaluator does must not reach the rows it scores."""
+    from autoresearch.harness import data
+    from autoresearch.harness.env import resolve_profile
+    cache = tmp_path / "builtin-cache"           # not the autouse fixture's cache, whose `builtin` is the tiny set
+    data.prepare("builtin", cache=cache, vocab_size=resolve_profile("cpu").vocab_size, max_bytes=300_000)
+    monkeypatch.setenv("AR_CACHE", str(cache))
+    monkeypatch.setenv("HOSTILE_MAX_BYTES", "300000")
+    root = tmp_path / "repo"
+    _hostile_repo(root)
+    attack_file = tmp_path / "attack.txt"
+    agent = f"{sys.executable} {HERE / 'hostile_agent.py'} {attack_file} {{prompt_file}}"
+    cfg = RunConfig(profile="cpu", time_budget=10, startup_allowance=60, eval_allowance=60, eval_tokens=2048,
+                    holdout_tokens=0, noise=NOISE, max_consecutive_crashes=1000, agent=agent, proposer="agent",
+                    max_log_mb=1)
+    with Loop(cfg, root, "t", AgentProposer(cfg.agent, timeout=60)) as loop:
+        loop.run(max_experiments=1)
+        attack_file.write_text("honest")
+        loop.run(max_experiments=1)
+        assert last(root).status is Status.KEEP, last(root).reason
+        attack_file.write_text("val_rebuild")
+        loop.run(max_experiments=1)
+    row = last(root)
+    print(f"val_rebuild        {row.status.value:9} {row.reason[:200]}")
+    assert row.status in (Status.DISCARD, Status.CRASH, Status.REJECTED, Status.TIMEOUT), (row.status, row.reason)
+    import hashlib
+    from autoresearch.harness.evaluator import _batches
+    tok = data.check_prepared(cache, "builtin", resolve_profile("cpu").vocab_size)
+    scored = _batches(tok, 4096 // 256, 256, cfg.eval_tokens)[0][0]           # the rows the evaluator scores
+    assert hashlib.sha256(scored.numpy().tobytes()).hexdigest() not in _logs(root), "the run rebuilt them"
+    table.add("second round: val_rebuild", trials=1, wrongly_kept=int(row.status is Status.KEEP))
