@@ -146,7 +146,8 @@ def _check_type(key: str, value: Any, source: str) -> Any:
                "last_n_results", "plateau_after", "max_experiments"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} must be an integer, not {value!r}")
-        if key != "seed" and value < (1 if key in ("eval_tokens", "max_consecutive_crashes", "max_experiments") else 0):
+        if key != "seed" and value < (1 if key in ("eval_tokens", "max_consecutive_crashes", "max_experiments")
+                                      else 0):
             raise ConfigError(f"{where} must be positive, not {value}")
         return value
     if key in ("time_budget", "startup_allowance", "eval_allowance", "noise", "min_mfu", "min_tokens_per_s",

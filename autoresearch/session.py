@@ -14,9 +14,9 @@ branch go back to the best kept commit; refs of half-made experiment commits are
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
 "time_budget": s|None, "seed": int|None, "description": str}: a knob edit committed like any proposal),
 "rerun" ({"commit": sha, "seed": int, "time_budget": s|None}: the same commit with another seed, recorded
-as `validation`, never changing the best), "commit" ({"commit": sha, "description": str}: the user's own commit
-found on the branch at open, run as it is and decided like a proposal). A sweep enqueues knob specs with `Loop.enqueue_knobs` inside
-`with Loop(...)`, then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a
+as `validation`, never changing the best), "commit" ({"commit": sha, "description": str}: the user's own
+commit found on the branch at open, run as it is and decided like a proposal). A sweep enqueues knob specs with
+`Loop.enqueue_knobs` inside `with Loop(...)`, then calls `run()`; `monitor_factory(spec)` gives a per-step callback whose reason stops a
 run as `pruned`.
 
 `build` (at the end) is what `ar run` makes of its config: the proposer, the profile, each default said in one

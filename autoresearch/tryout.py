@@ -141,6 +141,8 @@ class Tryout(Loop):
             d = settle._decide(self, best.val_bpb if best else None, m.val_bpb)
             would = d.keep and best is not None
             reason = (f"would be kept: {d.reason}" if would else d.reason if best is not None else "")
+        if not self.sandboxed:   # as the loop marks its rows
+            reason = f"unsandboxed; {reason}" if reason else "unsandboxed"
         row = Row(commit=short(x.sha), val_bpb=x.val_bpb, memory_gb=None if m.memory_gb is None else
                   round(m.memory_gb, 1), status=status or Status.TRIAL, description=x.description, exp_id=n,
                   tag=self.tag, parent=short(x.parent), mfu=x.mfu, tokens_per_s=m.tokens_per_s,

@@ -338,7 +338,7 @@ def test_outside_a_repository_one_message_says_all_the_way(tmp_path):
     assert "`ar init DIR`" in r.stderr and "git init && git add train.py && git commit -m baseline" in r.stderr
 
 
-def test_with_no_git_identity_the_dirty_tree_advice_works(tmp_path):
+def test_with_no_git_identity_the_dirty_tree_advice_works(tmp_path, prepared_cache):
     import os
     from test_loop import make_repo
 
