@@ -55,6 +55,13 @@ PY
   tail -3 "$OUT/$tag.log"
   python3 "$REPO/bench/loop_gaps.py" "$ws/runs/$tag" --json "$OUT/$tag.json" | tee "$OUT/$tag.md"
   grep -h "step 0000[12] \|model:" "$ws"/runs/$tag/0001-*/train.log | head -3
+  for f in "$ws"/runs/$tag/0*/train.log; do       # a failed run's last lines, to see why
+    grep -q "^training_seconds" "$f" || { echo "-- $f"; grep -v "^step" "$f" | tail -8; }
+  done
   du -sh $AR_CACHE/compile /tmp/uscache/compile 2>/dev/null
 done
+if [[ -n ${DIAG:-} ]]; then    # the trust path's own check and the fresh re-score's cost (bench/diag_trust_gpu.py)
+  timeout "${DIAG_LIMIT:-120}" python3 "$REPO/bench/diag_trust_gpu.py" --eval-tokens 10485760 --repeat "${DIAG:-2}" \
+      --out "$OUT/trust.json" 2>&1 | tail -25
+fi
 echo "total: $(( $(date +%s) - t0 )) s"
