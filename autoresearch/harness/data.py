@@ -31,7 +31,8 @@ comes only from the standard library's own test suite (`Lib/test`, VAL_TEST_FRAC
 keyed hash, the rest train): no run needs those files, and the sandbox hides them (`hidden_sources`) from
 training, the model worker and the agent. Where a Python has no `Lib/test`, validation falls back to the keyed
 hash over every file, which proposal code can read: raw.json then says `val_readable` and `ar run` says so and
-marks every result.
+marks every result. So does a test suite under MIN_TEST_SUITE_BYTES (distributions often ship only a stub of it:
+one GPU host's gave 9,695 validation tokens).
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def prepare(source: str, *, cache: Path, vocab_size: int, name: str | None = Non
             hidden, val_only = [str(Path(path).resolve())], None
         else:
             test_dir = Path(sysconfig.get_paths()["stdlib"]) / "test"
-            val_only = (lambda k: k.startswith(VAL_KEY_PREFIX)) if test_dir.is_dir() else None
+            val_only = (lambda k: k.startswith(VAL_KEY_PREFIX)) if _py_bytes(test_dir) >= MIN_TEST_SUITE_BYTES \
+                else None
             files = builtin_files(site_packages=source == "builtin-site")
             # the test suite in the keyed order (a capped corpus then takes validation documents first, a tenth
             # of the cap), the rest in path order
@@ -299,6 +301,16 @@ def _walk(root: Path, suffixes: tuple[str, ...], skip: set[str]) -> Iterator[Pat
 
 
 VAL_KEY_PREFIX = "stdlib/test/"             # the builtin corpus's validation documents come from here only
+MIN_TEST_SUITE_BYTES = 4_000_000             # a test suite smaller than this (distributions ship a stub) gives too
+                                             # little validation text: then the keyed split over every file, said
+
+
+def _py_bytes(folder: Path) -> int:
+    """Bytes of Python source under `folder` (0 when it is missing)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(".py"))
+    return total
 
 
 def split_key(cache: Path) -> bytes:

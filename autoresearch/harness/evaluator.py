@@ -244,16 +244,16 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         deadline = time.monotonic() + float(req["timeout"])
         fresh_dir = Path(req["fresh_job_dir"]) if req.get("fresh_job_dir") else None
         for transfer in (["ipc", "host"] if device.type == "cuda" else ["host"]):
-            inp, out = _job(job, B, T, V, device, transfer, req)
-            worker = _Worker(req, zygote, deadline)
+            inp, out, counters = _job(job, B, T, V, device, transfer, req)
+            worker = _Worker(req, zygote, deadline, policy=_policy(req["policy"], counters))
             worker.send("go")
             if fresh_dir is not None:        # shown nothing until the end: it loads while the main pass runs
                 nf = min(B, int(req.get("fresh_rows") or B))
                 fresh_dir.mkdir(exist_ok=True)
                 from .sandbox import give_to_sandbox
                 give_to_sandbox(fresh_dir)
-                fresh_bufs = _job(fresh_dir, nf, T, V, device, transfer, req)
-                fresh = _Worker(req, zygote, deadline, str(fresh_dir), req["fresh_policy"])
+                *fresh_bufs, counters = _job(fresh_dir, nf, T, V, device, transfer, req)
+                fresh = _Worker(req, zygote, deadline, str(fresh_dir), _policy(req["fresh_policy"], counters))
                 fresh.send("go")
             try:
                 worker.expect("ready")
@@ -312,10 +312,15 @@ def _job(job: Path, B: int, T: int, V: int, device, transfer: str, req: dict):
     (job / "job.json").write_text(json.dumps({
         "rows": B, "seq_len": T, "vocab": V, "device": req["device"], "checkpoint": req["checkpoint"],
         "source": req["source"], "train_file": req["train_file"], "transfer": transfer}))
-    bufs = _buffers(job, B, T, V, device, transfer)
+    *bufs, ref_counters = _buffers(job, B, T, V, device, transfer)
     from .sandbox import give_to_sandbox
     give_to_sandbox(*(job / n for n in ("in.bin", "out.bin")))
-    return bufs
+    return (*bufs, ref_counters)
+
+
+def _policy(policy: dict, ref_counters: list[str]) -> dict:
+    """The worker's policy for this transfer: with CUDA IPC, the shared-namespace sandbox (sandbox.py)."""
+    return {**policy, "shared_ipc": True, "ipc_files": ref_counters} if ref_counters else policy
 
 
 def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
@@ -362,13 +367,26 @@ def _buffers(job: Path, B: int, T: int, V: int, device, transfer: str = "host"):
         fn, a = reduce_tensor(inp)
         _, b = reduce_tensor(out)
         (job / "ipc.pkl").write_bytes(pickle.dumps((fn, (a, b))))
-        return inp, out
+        return inp, out, _ref_counters(a, b)
     for name, n, dtype in (("in.bin", B * T, torch.int64), ("out.bin", B * T * V, torch.float32)):
         with open(job / name, "wb") as f:
             f.truncate(n * torch.tensor([], dtype=dtype).element_size())
     inp = torch.from_file(str(job / "in.bin"), shared=True, size=B * T, dtype=torch.int64).view(B, T)
     out = torch.from_file(str(job / "out.bin"), shared=True, size=B * T * V, dtype=torch.float32).view(B, T, V)
-    return inp, out
+    return inp, out, []
+
+
+def _ref_counters(*rebuild_args) -> list[str]:
+    """The /dev/shm files that hold the reference counts of CUDA buffers shared with torch's reduce_tensor
+    (its 12th rebuild argument): the only files in /dev/shm the worker may open for writing."""
+    out = []
+    for args in rebuild_args:
+        name = args[11] if len(args) > 11 else None
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        if isinstance(name, str) and name.startswith("/") and "/" not in name[1:]:
+            out.append("/dev/shm" + name)
+    return out
 
 
 def _call(worker: _Worker, inp, out, x):

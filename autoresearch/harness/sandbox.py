@@ -342,6 +342,19 @@ def restrict_policy(policy: dict) -> int:
     namespaces, not root); /proc is then writable as for any unprivileged user (the CUDA driver writes its own
     entries; file permissions keep /proc/sys and other users' processes out of reach)."""
     write = list(policy.get("write", []))
+    if policy.get("shared_ipc"):
+        # the evaluator's model worker on a GPU: CUDA IPC needs the evaluator's IPC and mount namespaces and its
+        # uid (the reference counts of shared GPU buffers are files in its /dev/shm, mode 0600). So no
+        # namespaces and no change of uid: System V / POSIX IPC calls and keyrings are refused (seccomp), and
+        # in /dev/shm only the named reference-count files are writable: nothing the worker makes can outlive it
+        write = [w for w in write if w != "/dev"] + _dev_except(("/dev/shm", "/dev/mqueue"))
+        write += [str(f) for f in policy.get("ipc_files", [])]
+        write.append("/proc" if os.geteuid() != 0 else f"/proc/{os.getpid()}")
+        libc = _libc()
+        if libc is None:
+            raise SandboxError(available()[1])
+        _seccomp(libc, KEYRING_CALLS + IPC_CALLS)
+        return restrict(policy.get("read", []), write, network=False, hide=policy.get("hide", []))
     if not (policy.get("deny") or policy.get("read_only")):
         mode = isolate(network=bool(policy.get("network")))
         if os.geteuid() != 0:
