@@ -58,7 +58,7 @@ def summary_of(stdout: str) -> dict:
 def test_cpu_run_prints_summary_and_saves_a_checkpoint_that_loads_by_its_factory(tmp_path, tiny_dataset):
     from safetensors.torch import load_model
 
-    proc, ckpt = run_train(tmp_path, tiny_dataset)
+    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="6")    # enough steps to learn on a loaded CPU
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = summary_of(proc.stdout)
     assert tuple(s) == logfmt.SUMMARY_KEYS and "val_bpb" not in s    # no score of its own: the evaluator's counts
