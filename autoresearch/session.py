@@ -559,6 +559,7 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
     proposer = make_proposer(cfg)
     turns = None
     if (proposer.name == "agent" and cfg.gpus is None and cfg.executor != "ray" and not custom
+            and not cfg.confirm_new_best        # not with several slots yet (Loop.open says so)
             and resolve_profile(None if cfg.profile == "auto" else cfg.profile).name == "gpu"):
         turns = turns_on_one_gpu()     # an agent on one GPU: two slots take turns, the agent thinks meanwhile
         cfg = dataclasses.replace(cfg, gpus=turns) if turns else cfg
