@@ -45,7 +45,7 @@ def format_summary(*, training_seconds: float, total_seconds: float, peak_vram_m
         total_seconds=_fmt(float(total_seconds), 1),
         peak_vram_mb=_fmt(None if peak_vram_mb is None else float(peak_vram_mb), 1),
         mfu_percent=_fmt(None if mfu_percent is None else float(mfu_percent), 2),
-        total_tokens_M=_fmt(float(total_tokens_M), 1), num_steps=str(int(num_steps)),
+        total_tokens_M=_fmt(float(total_tokens_M), 6), num_steps=str(int(num_steps)),   # a token, as results.tsv
         num_params_M=_fmt(float(num_params_M), 1), depth=str(int(depth)), gpu=gpu,
         peak_tflops=_fmt(None if peak_tflops is None else float(peak_tflops), 1),
     )
