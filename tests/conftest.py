@@ -55,6 +55,11 @@ def tiny_dataset(tmp_path_factory) -> TinyDataset:
         if total >= 300_000:
             break
     vocab = resolve_profile("cpu").vocab_size
+    # the same split every session (tests compare figures of it): an empty split key is the unkeyed rule. Real
+    # caches get a secret key on first use (data.split_key); the hostile tests prepare their own data with one
+    secret = root / "cache" / ".secret"
+    secret.mkdir(parents=True, mode=0o700)
+    (secret / "split.key").write_text("")
     tok_dir = data.prepare("files", cache=root / "cache", vocab_size=vocab, name="tiny", path=src)
     shutil.copytree(tok_dir, root / "pristine")
     for f in tok_dir.iterdir():
