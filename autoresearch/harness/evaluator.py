@@ -258,9 +258,9 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
             try:
                 worker.expect("ready")
                 break
-            except Rejected as e:   # CUDA IPC unavailable (some sandboxed GPU runtimes): logits through the host
-                if transfer != "ipc" or "CUDA IPC" not in str(e):
-                    raise
+            except Rejected as e:   # CUDA IPC unavailable (some sandboxed GPU runtimes), or the shared-namespace
+                if transfer != "ipc":   # worker refused something the GPU stack needs: logits through the host, in
+                    raise               # the worker's own namespaces (a broken model fails there the same way)
                 print(f"evaluator: {e}; falling back to host transfer", file=sys.stderr, flush=True)
                 worker.close()
                 if fresh is not None:
