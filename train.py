@@ -410,6 +410,12 @@ class MuonAdamW:
             self.update(stacked, grads, self.buffers[shape], h["momentum"], h["lr"], h["wd"])
             torch._foreach_copy_([p.data for p in params], list(stacked.unbind(0)))
 
+    def reset(self):
+        """Forget every step taken (after the compile warm-up): moments and momentum buffers start again."""
+        self.adam.state.clear()
+        for buf in self.buffers.values():
+            buf.zero_()
+
     def zero_grad(self):
         self.adam.zero_grad(set_to_none=True)
         for params in self.shapes.values():
@@ -517,7 +523,7 @@ def setup_device(env: RunEnv):
 def train(env: RunEnv, t_start: float) -> dict:
     from autoresearch.harness import checkpoint
     from autoresearch.harness.data import check_prepared
-    from autoresearch.harness.loader import PackedLoader
+    from autoresearch.harness.loader import PackedLoader, WindowClosed
     from autoresearch.harness.tokenizer import Tokenizer
 
     torch.manual_seed(env.seed)
@@ -571,15 +577,18 @@ def train(env: RunEnv, t_start: float) -> dict:
 
     optimizer = MuonAdamW(model, lr_mult=LR_MULT, compile_update=compile_optimizer)
     step_model = torch.compile(model, dynamic=False) if compile_model else model
-    loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed)
+    if compile_model or compile_optimizer:
+        warm_up(model, step_model, optimizer, env.untimed_steps if env.untimed_steps is not None else 3,
+                device_batch, seq_len, cfg.vocab_size, attention, device)
+    # under ar the window opens with the first batch the loader asks for, and closes at ar's deadline
+    loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed, served=env.data_fd)
 
-    untimed = env.untimed_steps if env.untimed_steps is not None else 10 if device.type == "cuda" else 2
     step, training_time, progress, tokens = 0, 0.0, 0.0, 0
     try:
         while progress < 1.0:
             t0 = time.time()
             for _ in range(accum):
-                x, y = next(loader)
+                x, y = next(loader)                        # WindowClosed: the step in progress is dropped
                 with autocast(device.type), attention_context(attention):
                     loss = step_model(x, y)
                 (loss / accum).backward()
@@ -592,13 +601,14 @@ def train(env: RunEnv, t_start: float) -> dict:
                                    f"or the learning rates", 2)
             step += 1
             tokens += total_batch
-            if step > untimed:
-                training_time += dt
-            progress = env.progress(training_time)         # the budget, and ar's deadline
+            training_time += dt
+            progress = env.progress(training_time, loader.deadline)
             tps = total_batch / dt
             print(logfmt.format_step(step, 100 * progress, loss_value, tps,
                                      mfu_percent(tps, flops_per_token, peak_tflops), dt,
-                                     env.time_budget - training_time), flush=True)
+                                     env.time_budget * (1 - progress)), flush=True)
+    except WindowClosed:
+        pass
     except torch.cuda.OutOfMemoryError:
         raise TrainFailure(f"out of memory at step {step} with DEVICE_BATCH_SIZE={device_batch}; lower "
                            f"DEVICE_BATCH_SIZE (or set it to \"auto\")", 3) from None
@@ -606,8 +616,7 @@ def train(env: RunEnv, t_start: float) -> dict:
         loader.close()
 
     checkpoint.save(env.checkpoint_dir, factory="model_from_config", config=dataclasses.asdict(cfg), model=model)
-    timed_steps = max(1, step - untimed)
-    steady_tps = total_batch * timed_steps / training_time if training_time > 0 else None
+    steady_tps = tokens / training_time if training_time > 0 else None
     return dict(
         training_seconds=training_time, total_seconds=time.time() - t_start,
         peak_vram_mb=torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
@@ -615,6 +624,27 @@ def train(env: RunEnv, t_start: float) -> dict:
         total_tokens_M=tokens / 1e6, num_steps=step, num_params_M=model.num_params() / 1e6,
         depth=cfg.depth, gpu=gpu_name, peak_tflops=peak_tflops,
     )
+
+
+def warm_up(model, step_model, optimizer, steps: int, device_batch: int, seq_len: int, vocab: int, attention: str,
+            device) -> None:
+    """Compile (and let autotuning settle) on random tokens before the first real batch: the window opens with
+    that batch, so compiling costs the run no training. The weights and the optimizer's state are put back."""
+    if steps <= 0:
+        return
+    saved = [p.detach().clone() for p in model.parameters()]
+    data = torch.randint(0, vocab, (device_batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    data = data.to(device)
+    for _ in range(steps):
+        with autocast(device.type), attention_context(attention):
+            loss = step_model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        optimizer.step(0.0, muon_momentum(0))
+        optimizer.zero_grad()
+    loss.item()
+    with torch.no_grad():
+        torch._foreach_copy_(list(model.parameters()), saved)
+    optimizer.reset()
 
 
 def probe_step(*, attention: str, compile_model: bool, compile_optimizer: bool, device_batch: int,

@@ -44,7 +44,7 @@ class RunConfig:
     time_budget: float | None = None       # training seconds; None: the profile's (300 gpu, 20 cpu)
     startup_allowance: float = 120.0       # the startup credit before the baseline has run (ar's clock); after it,
                                            # the baseline's smallest startup (experiment/clock.py)
-    untimed_steps: int | None = None       # warm-up steps train.py leaves off its own clock; None: 10 gpu, 2 cpu
+    untimed_steps: int | None = None       # compile warm-up steps on random tokens before the window; None: 3 gpu, 0 cpu
     eval_allowance: float = 120.0          # seconds the trusted evaluator's model worker may take
     eval_tokens: int | None = None         # validation tokens; None: the profile's
     holdout_tokens: int | None = None      # private hold-out tokens that confirm a new best; None: eval_tokens / 8

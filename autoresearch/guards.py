@@ -24,7 +24,7 @@ from .layout import BOOKKEEPING, is_derived
 from .gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_CACHE", "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE",
-              "AR_GPUS_FILE", "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS")
+              "AR_GPUS_FILE", "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS", "AR_DATA_FD")
 RUNNER_FIELDS = ("time_budget", "seed", "tok_dir", "checkpoint_dir", "untimed_steps")
 
 

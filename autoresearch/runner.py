@@ -275,14 +275,16 @@ class _Pump(threading.Thread):
 def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeout: float,
                  on_line: Callable[[str], str | None] | None = None, max_log_bytes: int = 50 * 2**20,
                  grace: float = 5.0, run_id: str | None = None, gate: Callable[[subprocess.Popen], bool] | None = None,
-                 pass_fds: tuple[int, ...] = ()) -> RunResult:
+                 pass_fds: tuple[int, ...] = (),
+                 on_start: Callable[[subprocess.Popen], None] | None = None) -> RunResult:
     """Run `cmd` to completion or until stopped; see the module docstring. Never leaves processes behind.
 
     `on_line` runs in the reader thread for each output line (without its newline); returning a string
     stops the run with that reason. An exception from it stops the run and is re-raised here afterwards.
     An OSError writing the log (disk full) also stops the run and is re-raised. `gate(proc)`, when given, is
     called once the process has started and returns when it may go on (False: stop it, as interrupted); the
-    timeout and the wall time count from its return (harness/launcher.py).
+    timeout and the wall time count from its return (harness/launcher.py). `on_start(proc)` is called once the
+    process has started (before `gate`).
     """
     run_id = run_id or uuid.uuid4().hex
     env = {str(k): str(v) for k, v in env.items()}
@@ -312,6 +314,8 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
     except psutil.Error:
         pass
 
+    if on_start is not None:
+        on_start(proc)
     stop: str | None = None
     timed_out = False
     if gate is not None:

@@ -256,7 +256,7 @@ class Loop:
             self.say(f"the validation text of dataset {self.cfg.dataset!r} comes from files proposal code can read "
                      "(this Python has no Lib/test to draw it from); every result of this session is marked "
                      "`validation text readable`", "warn")
-        self.allowance = clock.load_credit(self.paths.dir, self.cfg.startup_allowance)   # the session's credit
+        self.allowance = clock.load(self.paths.dir)         # the baseline's start-up so far (clock.py)
 
     def _prepare_tree(self, resume: bool) -> None:
         """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""
@@ -501,7 +501,7 @@ class Loop:
             holdout_tokens=holdout, startup_allowance=self.cfg.startup_allowance,
             eval_allowance=self.cfg.eval_allowance,
             untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
-                10 if self.profile.name == "gpu" else 2),
+                3 if self.profile.name == "gpu" else 0),
             max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
             objective=self.cfg.objective, trusted_code=x.trusted_code,
             compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None)

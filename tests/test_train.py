@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from autoresearch.harness import checkpoint, data, logfmt
+from autoresearch.harness.feed import Feed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,12 +37,17 @@ def run_train(tmp_path, tiny_dataset, budget="3", knobs: dict | None = None):
         script = tmp_path / "train.py"
         script.write_text(text)
     ckpt = tmp_path / "checkpoint"
-    view = tmp_path / "data"          # what a run under `ar run` sees: the training split only
+    view = tmp_path / "data"          # what a run under `ar run` sees: no tokens, which come from ar's feed
     data.train_view(tiny_dataset.tok_dir, view)
+    feed = Feed(tiny_dataset.tok_dir, seed=42, budget=float(budget))
     env = dict(os.environ, AR_CACHE=str(tmp_path / "no-cache"), AR_DATASET=tiny_dataset.name, AR_PROFILE="cpu",
-               AR_TIME_BUDGET=budget, AR_TOK_DIR=str(view), AR_CHECKPOINT_DIR=str(ckpt), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+               AR_TIME_BUDGET=budget, AR_TOK_DIR=str(view), AR_CHECKPOINT_DIR=str(ckpt), PYTHONPATH=str(ROOT),
+               AR_DATA_FD=str(feed.child_fd))
+    try:
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300, pass_fds=(feed.child_fd,))
+    finally:
+        feed.close()
     return proc, ckpt
 
 
@@ -216,7 +222,7 @@ def test_fused_ce_leaves_evaluation_and_per_token_losses_alone():
 def test_cpu_profile_trains_with_the_mfu_knobs_on(tmp_path, tiny_dataset):
     """FUSED_CE, RELU2_KEEPS_OUTPUT and BF16_RESIDUAL (a no-op on CPU) through the runner's knob rewrite, a whole
     CPU run."""
-    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="2",
+    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="4",
                            knobs={"FUSED_CE": True, "BF16_RESIDUAL": True, "RELU2_KEEPS_OUTPUT": True})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = summary_of(proc.stdout)

@@ -48,7 +48,7 @@ def _ray():
 
 # ------------------------------------------------------------------------------------- on the worker
 
-def run_on_worker(bundle: bytes, req, manifest: dict, allowance: float):
+def run_on_worker(bundle: bytes, req, manifest: dict, allowance):
     """One experiment on a worker (a streaming generator task): clone the bundle, check the data, then the same
     trial as on one machine (experiment/trial.py: fresh workspace, sandboxed run on ar's clock, the trusted
     evaluator on this node's GPU). Yields {"step": line, "node": host} about twice a second while training, then

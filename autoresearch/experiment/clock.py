@@ -1,55 +1,88 @@
-"""The session's startup credit: how long a run may take before its budget starts, fixed by the session.
+"""ar's clock: a run's training window, and what its start-up may cost before the window is cut.
 
-A run's whole life, process start → checkpoint written, must fit credit + budget + a last-step slack (execute.py).
-The credit is measured on the baseline commit, never on a candidate: the smallest startup (process start → the
-arrival of its first timed step line) of the baseline and its noise-calibration reruns in this tag, never more
-than the configured `startup_allowance`. Before the baseline has run, the credit is `startup_allowance`. It is
-kept in runs/<tag>/clock.json so that a resumed session keeps it.
+The window opens with the first batch ar's feed serves the run (harness/feed.py: the training split is readable
+only through it) and lasts the budget; the feed serves nothing after it, and the checkpoint must be written by
+its end + a last-step slack (execute.py). So every run trains on real data for the same window, whatever its
+start-up took, and nothing trains on real data before the clock.
 
-The limit adds to the credit a load tolerance, `tolerance(credit)` = 1 s + a quarter of the credit (slots that
-run side by side start slower than a baseline that ran alone): that much moved out of the timed window is the
-most a candidate can gain, about 1% of a 300-s budget after a 15-s warm start.
+Start-up (ar's clock start → the first batch: imports, building the model, compiling) is free up to what the
+baseline's allows; beyond that, the excess comes off the window (the feed's deadline moves in), said in the row:
+- on the CPU, in CPU seconds of the run's processes: `CPU_FACTOR` × the baseline's smallest + `CPU_SLACK`. Load
+  stretches an honest start-up's wall time, not its CPU time, so a busy machine costs a candidate nothing; while
+  compute moved before the first batch — training on other text the run can read (the `builtin` corpus's
+  training text is the interpreter's own files) — is counted and paid from the window;
+- on a GPU, in wall seconds: the baseline's smallest start-up + max(`GPU_ROOM`, that start-up): room for a new
+  shape's cold compile (~30 s on an H200). GPU kernels leave no CPU time to count, so compute before the first
+  batch is bounded by that room only (docs/reliability.md: what it can buy on which dataset).
+Before the baseline has run, start-up is free up to `startup_allowance` wall seconds (then the run is killed).
 
-What a candidate does before its first timed step (imports, compilation, silent optimizer steps, bigger
-warm-up steps) is therefore paid from its budget: moving compute out of the timed window buys nothing, and a
-candidate that starts later than the baseline trains that much less (train.py stops by `RunEnv.deadline`).
+The baseline's start-ups (the baseline commit and its noise-calibration reruns) are kept in runs/<tag>/clock.json
+("credit": wall seconds, "cpu": CPU seconds; each the smallest so far), so a resumed session keeps them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 FILE = "clock.json"
+CPU_FACTOR, CPU_SLACK = 1.5, 2.0
+GPU_ROOM = 30.0
+SHORT_WINDOW = 0.5          # a run that trained for less than this share of its budget is never kept
 
 
-def tolerance(credit: float) -> float:
-    """How much later than the credit a run may start without its whole life counting as over (load jitter)."""
-    return 1.0 + 0.25 * credit
+@dataclass(frozen=True)
+class Credit:
+    """The baseline's smallest start-up so far: wall seconds and CPU seconds (None before the baseline)."""
+    wall: float | None = None
+    cpu: float | None = None
 
 
-def late_note(startup: float | None, credit: float | None) -> str | None:
-    """Why a run got less training: it reached its first timed step well after the baseline did."""
-    if startup is None or credit is None or startup <= credit + tolerance(credit):
-        return None
-    return (f"started {startup - credit:.1f}s later than the baseline (first timed step at {startup:.1f}s, the "
-            f"session's startup credit {credit:.1f}s): that time came off its training")
-
-
-def load_credit(tag_dir: Path, allowance: float) -> float:
-    """The tag's startup credit: the baseline's smallest startup so far, or `allowance` before there is one."""
+def load(tag_dir: Path) -> Credit:
     try:
         doc = json.loads((Path(tag_dir) / FILE).read_text())
-        return min(float(allowance), float(doc["credit"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return float(allowance)
+        cpu = doc.get("cpu")
+        return Credit(float(doc["credit"]), float(cpu) if cpu is not None else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return Credit()
 
 
-def note_baseline(tag_dir: Path, startup: float, allowance: float) -> float:
-    """Record one startup of the baseline commit; returns the credit from now on (only ever tightens)."""
-    credit = min(load_credit(tag_dir, allowance), float(startup))
+def note_baseline(tag_dir: Path, wall: float, cpu: float | None) -> Credit:
+    """Record one start-up of the baseline commit; returns the credit from now on (it only ever tightens)."""
+    old = load(tag_dir)
+    new = Credit(min(x for x in (old.wall, wall) if x is not None),
+                 min((x for x in (old.cpu, cpu) if x is not None), default=None))
     tmp = Path(tag_dir) / f".{FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"credit": round(credit, 3)}))
+    doc = {"credit": round(new.wall, 3)} | ({"cpu": round(new.cpu, 3)} if new.cpu is not None else {})
+    tmp.write_text(json.dumps(doc))
     os.replace(tmp, Path(tag_dir) / FILE)
-    return credit
+    return new
+
+
+def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None) -> tuple[float, str | None]:
+    """(seconds to take off the window, why) for a start-up of `wall` seconds and `cpu` CPU seconds."""
+    if credit.wall is None:
+        return 0.0, None                          # before the baseline: the allowance (a kill) is the bound
+    if device == "cpu" and credit.cpu is not None and cpu is not None:
+        allowed = CPU_FACTOR * credit.cpu + CPU_SLACK
+        excess = cpu - allowed
+        what = (f"its start-up used {cpu:.1f} CPU-s before its first batch, more than the {allowed:.1f} the "
+                f"baseline's {credit.cpu:.1f} allows")
+    else:
+        allowed = credit.wall + max(GPU_ROOM, credit.wall)
+        excess = wall - allowed
+        what = (f"its first batch came {wall:.1f}s after its start, later than the {allowed:.1f}s the baseline's "
+                f"{credit.wall:.1f}s allows")
+    if excess <= 0:
+        return 0.0, None
+    return excess, f"{what}: its training window was cut by {excess:.1f}s"
+
+
+def short_window_note(trained: float, budget: float) -> str | None:
+    """Why a run is not kept on its val_bpb: it trained for less than half its budget."""
+    if budget <= 0 or trained >= SHORT_WINDOW * budget:
+        return None
+    return (f"it trained for {trained:.1f}s of its {budget:g}s budget (less than {SHORT_WINDOW:.0%}): not kept "
+            f"on its val_bpb")

@@ -2,15 +2,16 @@
 
 1. The workspace is made anew for every run: the commit's tree exported (`git archive`: tracked files only,
    so no untracked file, __pycache__ or stray checkpoint of an earlier run survives), an empty checkpoint
-   folder, a scratch folder that is HOME, TMPDIR and every cache, and a train-only view of the data.
+   folder, a scratch folder that is HOME, TMPDIR and every cache, and a view of the data: meta.json and the
+   tokenizer, no tokens.
 2. train.py runs there under the sandbox (harness/sandbox.py): it can read the interpreter, the libraries, its
-   own tree and the training split; it can write its tree, the checkpoint folder and scratch; nothing else —
-   not the validation split, not the token-bytes table, not runs/, not .git, not the installed package.
-3. ar owns the clock: the whole run, from process start to when the checkpoint was last changed (its files'
-   ctime, which no process can set back; the process may take a while to exit), must fit the session's startup
-   credit + the budget + a last-step slack (clock.py: the credit is the baseline's smallest startup, the same
-   for every candidate). Which step line the run prints moves nothing: compute moved before the first timed
-   step or into the warm-up steps is paid from the budget. train.py is told the deadline (AR_DEADLINE).
+   own tree and that view; it can write its tree, the checkpoint folder and scratch; nothing else — not the
+   training or validation split, not the token-bytes table, not runs/, not .git, not the installed package.
+3. ar owns the clock (clock.py): the training tokens come only from ar's feed (harness/feed.py, a socket the
+   run inherits), whose first batch opens the run's window and which serves none after its end; the checkpoint
+   (its files' ctime, which no process can set back) must be written by the window's end + a last-step slack.
+   Start-up beyond what the baseline's allows comes off the window. Which step line the run prints moves
+   nothing.
 4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
    killed before the result is returned (runner.run_training + the supervisor).
 """
@@ -29,9 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from .. import compile_cache
 from ..gitops import GitRepo
 from ..harness import launcher, sandbox
+from ..harness.feed import Feed
 from ..harness.data import hidden_sources, train_view
 from ..request import RunRequest
 from ..metrics import parse_step
@@ -103,16 +107,18 @@ def checkpoint_written(folder: Path) -> float | None:
 @dataclass
 class TrainOutcome:
     result: RunResult
-    startup: float | None                 # ar's clock: process start -> the first timed step line (= window_start)
-    trained: float                        # ar's clock: the first timed step line (or start) -> checkpoint
+    startup: float | None                 # ar's clock: its start -> the first batch the feed served (the window)
+    trained: float                        # ar's clock: the window's start -> checkpoint, at most to the window's end
     step_interval: float | None           # median gap between step lines as they arrived
     over_budget: str | None               # why the run counts as past its budget, or None
     sandboxed: bool
     started_at: float = 0.0               # wall clock: ar's clock started (the process, or its turn on the GPU)
-    window_start: float | None = None     # wall clock: the first timed step's line arrived
+    window_start: float | None = None     # wall clock: the feed served the first batch
     phases: dict = field(default_factory=dict)   # wall clock of other marks: spawned, model built, first/last step
     checkpoint_at: float | None = None    # wall clock: the checkpoint last changed
-    credit: float | None = None           # the startup credit the run had (the session's, clock.py)
+    startup_cpu: float | None = None      # CPU seconds of the run's processes from ar's clock start to the window
+    window: float | None = None           # the window it was given (the budget, less what its start-up cost)
+    window_note: str | None = None        # why that window was shorter than the budget (clock.start_up_cost)
 
 
 def launchable(cmd: list[str]) -> bool:
@@ -120,14 +126,33 @@ def launchable(cmd: list[str]) -> bool:
     return len(cmd) == 2 and Path(cmd[0]).name.startswith("python") and cmd[1].endswith(".py")
 
 
+def tree_cpu(proc) -> float | None:
+    """CPU seconds a process and everything below it have used (reaped children included), or None."""
+    try:
+        procs = [psutil.Process(proc.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return None
+    total = 0.0
+    for q in procs:
+        try:
+            t = q.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
-        on_line: Callable[[str], str | None] | None = None, allowance: float | None = None,
+        on_line: Callable[[str], str | None] | None = None, allowance: clock.Credit | None = None,
         turn=None) -> TrainOutcome:
-    """Train once; `allowance` is the session's startup credit (clock.py; the configured allowance until the
-    baseline has run). `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's
-    start to the process's exit; the process starts before it (harness/launcher.py: only trusted imports run
-    until the turn is taken, and ar's clock starts with the turn)."""
+    """Train once; `allowance` is the baseline's start-up so far (clock.py; empty until the baseline has run).
+    `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the
+    process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
+    is taken, and ar's clock starts with the turn). The training tokens come from `Feed` (harness/feed.py),
+    which opens the window at the first batch and ends it after the budget, less what clock.py charges."""
     cmd = list(req.train_command)
+    credit = allowance or clock.Credit()
     go_r = go_w = None
     if turn is not None and launchable(cmd):
         go_r, go_w = os.pipe()
@@ -138,13 +163,25 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
     env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch, cache=ws.caches)
     arrivals: list[float] = []
-    timed_from: list[float] = []      # when the first timed step's line arrived (shown; the clock does not use it)
-    credit = req.startup_allowance if allowance is None else min(allowance, req.startup_allowance)
-    grace = clock.tolerance(credit)                                     # load jitter (clock.py)
     built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)
     t_start = [time.monotonic(), time.time()]   # ar's clock starts here, or when the turn is taken
+    procs: list = []
+    cpu0: list[float] = [0.0]         # the run's CPU seconds when ar's clock started (the launcher's are not its)
+    start_cost: list = []
     taken: list[bool] = []
     ready = threading.Event()
+
+    def opened() -> float:
+        """The feed's first batch: what the start-up costs the window (clock.py)."""
+        cpu = tree_cpu(procs[0]) if procs else None
+        wall, used = time.time() - t_start[1], (cpu - cpu0[0] if cpu is not None else None)
+        cost, why = clock.start_up_cost(credit, req.device, wall, used)
+        start_cost[:] = [used, cost, why]
+        return cost
+
+    feed = Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=opened) if req.tok_dir else None
+    if feed is not None:
+        env["AR_DATA_FD"] = str(feed.child_fd)
 
     def gate(proc=None) -> bool:
         """Wait for the launcher's trusted start-up, then for the GPU; then start the clock and let it run the
@@ -157,10 +194,12 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         if not turn.take():
             return False
         taken.append(True)
+        if proc is not None:
+            cpu0[0] = tree_cpu(proc) or 0.0
         t_start[:] = [time.monotonic(), time.time()]
         if go_w is not None:
             try:
-                os.write(go_w, f"go {t_start[1] + credit + req.time_budget:.3f}\n".encode())   # AR_DEADLINE
+                os.write(go_w, b"go\n")
             except OSError:
                 pass                 # the launcher is gone already: the run ends as it ended
         return True
@@ -173,55 +212,62 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         if line.startswith("model:") and not built:       # train.py's line once the model is built
             built.append(time.monotonic() - t0)
         if line.startswith("step "):
-            now = time.monotonic() - t0
-            arrivals.append(now)
-            p = parse_step(line)
-            if not timed_from and (p is None or p.step >= req.untimed_steps):
-                timed_from.append(now)
+            arrivals.append(time.monotonic() - t0)
         return on_line(line) if on_line else None
 
     spawned = time.time()
+    fds = tuple(fd for fd in (go_r, feed.child_fd if feed else None) if fd is not None)
     try:
         if turn is not None and go_r is None and not gate():    # not launchable: the turn comes before the start
             log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on the GPU)\n")
             result = RunResult(None, False, STOP_INTERRUPTED, 0.0, log_path, False)
         else:
-            if go_r is None:     # train.py stops by then (RunEnv.progress); through the launcher, `go` says it
-                env["AR_DEADLINE"] = f"{t_start[1] + credit + req.time_budget:.3f}"
             result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(),
                                   on_line=clocked, max_log_bytes=req.max_log_bytes,
-                                  gate=gate if go_r is not None else None,
-                                  pass_fds=(go_r,) if go_r is not None else ())
+                                  gate=gate if go_r is not None else None, pass_fds=fds,
+                                  on_start=lambda proc: (procs.append(proc), feed and feed.close_child_end()))
     finally:
         for fd in (go_r, go_w):
             if fd is not None:
                 os.close(fd)
+        if feed is not None:
+            feed.close()
         if taken:
             turn.give_back()
     t0, t0_wall = t_start
-    startup = timed_from[0] if timed_from else None
     written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
-    ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
-    trained = ended - startup if startup is not None else 0.0
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     interval = statistics.median(gaps) if gaps else None
-    # the last step may finish past the budget, if it is no longer than 3 typical steps (and saving takes 2 s)
+    # the last step may finish past the window, if it is no longer than 3 typical steps (and saving takes 2 s)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
-    limit = credit + grace + req.time_budget + slack
+    opened_at = feed.opened_at if feed is not None else None
+    startup = opened_at - t0_wall if opened_at is not None else None
     over = None
-    if not result.stop_reason and ended > limit:
-        over = (f"ran {ended:.1f}s by ar's clock (process start to checkpoint), past the budget: startup credit "
-                f"{credit:.1f}s (+{grace:.1f}s for load) + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
-        if startup is not None and startup > credit + grace:
-            over += (f"; its first timed step came {startup - credit:.1f}s later than the baseline's: whatever "
-                     f"runs before it is paid from the budget")
+    if opened_at is not None:
+        end = feed.deadline
+        trained = max(0.0, min(written, end) - opened_at) if written else 0.0
+        if not result.stop_reason and written and written - end > slack:
+            over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the budget "
+                    f"(the window: {end - opened_at:.1f}s from its first batch; the last step and saving may take "
+                    f"{slack:.1f}s)")
+    else:                           # it never asked for a batch (or no feed: a command objective's run)
+        trained = 0.0
+        ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
+        limit = req.startup_allowance + req.time_budget + slack
+        if not result.stop_reason and ended > limit:
+            over = (f"ran {ended:.1f}s by ar's clock (start to checkpoint), past the start-up allowance "
+                    f"{req.startup_allowance:g}s + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
     if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
         over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
                  f"(TOTAL_BATCH_SIZE)")
     phases = {"spawned": spawned, "model_built": t0_wall + built[0] if built else None,
               "first_step": t0_wall + arrivals[0] if arrivals else None,
-              "last_step": t0_wall + arrivals[-1] if arrivals else None}
+              "last_step": t0_wall + arrivals[-1] if arrivals else None,
+              "window_end": feed.deadline if feed is not None else None,
+              "feed_batches": feed.batches if feed is not None else 0,
+              "feed_refused": feed.refused if feed is not None else 0}
+    used, cost, why = start_cost or (None, 0.0, None)
     return TrainOutcome(result, startup, trained, interval, over, req.sandbox, started_at=t0_wall,
-                        window_start=t0_wall + startup if startup is not None else None, checkpoint_at=written,
-                        phases=phases, credit=credit)
+                        window_start=opened_at, checkpoint_at=written, phases=phases, startup_cpu=used,
+                        window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why)

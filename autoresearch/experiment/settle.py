@@ -38,13 +38,14 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
     m.training_seconds = round(out.trained, 3)       # ar's clock
     m.total_seconds = round(result.wall_seconds, 3)
     write_json(x.exp_dir / "metrics.json", {k: v for k, v in m.to_dict().items() if k != "steps"} |
-               {"wall_seconds": result.wall_seconds, "startup_seconds": out.startup,
+               {"wall_seconds": result.wall_seconds, "startup_seconds": out.startup, "startup_cpu": out.startup_cpu,
+                "window_seconds": out.window, "window_note": out.window_note,
                 "returncode": result.returncode, "stop_reason": result.stop_reason,
                 "log_truncated": result.log_truncated, "sandboxed": out.sandboxed})
     x.mfu = _mfu(lp, m)
     if (x.spec.kind == "baseline" or x.spec.payload.get("calibrate")) and out.startup is not None and \
-            result.returncode == 0 and not out.over_budget:      # the baseline commit: the session's startup credit
-        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, lp.cfg.startup_allowance)
+            result.returncode == 0 and not out.over_budget:      # the baseline commit: what start-up is free
+        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu)
     if result.stop_reason == STOP_INTERRUPTED:
         return Status.INTERRUPTED, "interrupted", m
     if x.tampered:
@@ -112,6 +113,11 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
     x.val_bpb = m.val_bpb if status is None else None
     if spec.kind == "rerun":
         status, reason = Status.VALIDATION, (f"failed: {reason}" if status else "validation re-run")
+    elif status is None and (short := clock.short_window_note(x.outcome.trained if x.outcome else 0.0, budget)):
+        status = Status.DISCARD
+        reason = f"val_bpb {m.val_bpb:.6f}, but {short}" if m.val_bpb is not None else short
+        if x.outcome is not None and x.outcome.window_note:
+            reason = f"{reason}; {x.outcome.window_note}"
     elif status is None:                                                              # 7
         best = lp.ledger.best_kept()
         d = _decide(lp, best.val_bpb if best else None, m.val_bpb)
@@ -126,7 +132,7 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
             status, reason = _confirm(lp, x, best.val_bpb, m.val_bpb, budget, seed)
             if speed:
                 reason = f"the same model as the best ran at {speed:.1f}x its tokens/s, so {reason}"
-        late = clock.late_note(x.outcome.startup, x.outcome.credit) if x.outcome is not None else None
+        late = x.outcome.window_note if x.outcome is not None else None
         if late:
             reason = f"{reason}; {late}"
     faults.point("decide")

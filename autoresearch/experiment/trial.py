@@ -33,7 +33,7 @@ class Trial:
 
 def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, manifest: dict,
               fingerprint: Fingerprint | None, on_line: Callable[[str], str | None] | None = None,
-              allowance: float | None = None, after_run: Callable[[], str | None] | None = None,
+              allowance=None, after_run: Callable[[], str | None] | None = None,
               server: evaluate.Server, turn=None) -> Trial:
     """`turn`: the slot's turn on a GPU that slots share (executors.local.GpuTurn), held from the training
     process's start to its exit; the evaluation runs after it is given back."""

@@ -157,14 +157,16 @@ def check_tok_dir(tok_dir: Path, splits: tuple[str, ...] = ("train", "val")) -> 
 
 
 TRAIN_FILES = ("meta.json", "tokenizer.json", "train.bin", "train.idx.npy")
+VIEW_FILES = ("meta.json", "tokenizer.json")     # what a run under ar may read: its tokens come from the feed
 
 
 def train_view(tok_dir: Path, dest: Path) -> list[Path]:
-    """A folder of links to the training split only (no validation, no token-bytes table), for a sandboxed
-    run; returns the real files it links to, which the sandbox must let the run read."""
+    """A folder of links to what a sandboxed run may read of the dataset: its meta.json and tokenizer (no split:
+    the training tokens come through ar's feed, harness/feed.py; no validation, no token-bytes table); returns the
+    real files it links to, which the sandbox must let the run read."""
     dest.mkdir(parents=True, exist_ok=True)
     real = []
-    for name in TRAIN_FILES:
+    for name in VIEW_FILES:
         src = (Path(tok_dir) / name).resolve()
         (dest / name).symlink_to(src)
         real.append(src)

@@ -63,18 +63,17 @@ class RunEnv:
     gpu_memory_gb: float | None  # emulate a smaller card (e.g. 32 for an RTX 5090) on a larger one
     tok_dir: Path | None         # AR_TOK_DIR: the training split (a view without validation data)
     checkpoint_dir: Path         # AR_CHECKPOINT_DIR: where the weights go; nothing else of the run counts
-    untimed_steps: int | None    # AR_UNTIMED_STEPS: warm-up steps (compilation) not counted on the run's own clock
-    deadline: float | None = None  # AR_DEADLINE: wall-clock time by which training must stop (ar's startup credit
-                                   # + budget from process start); a run that starts late trains less
+    untimed_steps: int | None    # AR_UNTIMED_STEPS: compile warm-up steps on synthetic tokens before the first batch
+    data_fd: int | None = None   # AR_DATA_FD: ar's training feed (harness/feed.py); None: the files (a hand run)
 
-    def progress(self, training_time: float) -> float:
-        """How far through its budget the run is, 0..1: its own training time over the budget, or the share of
-        the budget the deadline leaves no room for, whichever is further (time before the first timed step is
-        paid from the budget; see experiment/clock.py)."""
+    def progress(self, training_time: float, deadline: float | None = None) -> float:
+        """How far through its budget the run is, 0..1: its own training time over the budget, or, under ar, the
+        share of the window that ar's deadline (the loader's `deadline`, known from the first batch) has used,
+        whichever is further."""
         import time
         done = training_time / self.time_budget if self.time_budget > 0 else 1.0
-        if self.deadline is not None and self.time_budget > 0:
-            done = max(done, 1.0 - (self.deadline - time.time()) / self.time_budget)
+        if deadline is not None and self.time_budget > 0:
+            done = max(done, 1.0 - (deadline - time.time()) / self.time_budget)
         return min(1.0, max(0.0, done))
 
     @property
@@ -107,5 +106,5 @@ class RunEnv:
             tok_dir=Path(tok) if tok else None,
             checkpoint_dir=Path(e.get("AR_CHECKPOINT_DIR") or "checkpoint"),
             untimed_steps=num("AR_UNTIMED_STEPS", int, None),
-            deadline=num("AR_DEADLINE", float, None),
+            data_fd=num("AR_DATA_FD", int, None),
         )

@@ -5,9 +5,9 @@
 runs inside the sandbox, in the run's workspace, as the training command's stand-in when two slots take turns on
 one GPU (executors/local.py). Before its turn it does only trusted work that every run repeats — the
 interpreter's start, importing torch and the harness, creating the CUDA context — and then blocks on GO_FD.
-It says READY on stdout when that is done; the runner then waits for the GPU and writes `go DEADLINE` there
-when the GPU is the run's: only then does SCRIPT run (as `python SCRIPT`
-would run it), with AR_DEADLINE set from the message, and only then does ar's clock start. So a proposal cannot
+It says READY on stdout when that is done; the runner then waits for the GPU and writes `go` there when the
+GPU is the run's: only then does SCRIPT run (as `python SCRIPT` would run it), and only then does ar's clock
+start (the training window itself opens with the first batch of ar's feed, harness/feed.py). So a proposal cannot
 move compute before its clock (it is not loaded until then), and the next run's start-up overlaps the current
 one's training instead of following it. `-I` keeps the workspace off sys.path until SCRIPT runs, so a
 proposal's tree cannot replace this module or what it imports.
@@ -42,7 +42,7 @@ READY = "[ar] launcher ready"        # said once the trusted start-up is done: t
 
 
 def wait_for_go(fd: int) -> str | None:
-    """The runner's message ('go DEADLINE'), or None when it closed the pipe (the run is called off)."""
+    """The runner's message ('go'), or None when it closed the pipe (the run is called off)."""
     buf = b""
     while not buf.endswith(b"\n"):
         chunk = os.read(fd, 256)
@@ -63,9 +63,6 @@ def main(argv: list[str]) -> int:
     message = wait_for_go(fd)
     if message is None or not message.startswith("go"):
         return 0                                  # called off before its turn: nothing of the proposal ran
-    parts = message.split()
-    if len(parts) > 1:
-        os.environ["AR_DEADLINE"] = parts[1]
     script_dir = os.path.dirname(os.path.abspath(script))
     sys.path.insert(0, script_dir)               # as `python SCRIPT` would have it
     sys.argv = [script]
