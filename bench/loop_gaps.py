@@ -2,10 +2,11 @@
 
     python bench/loop_gaps.py RUNS_DIR/TAG [--json OUT]
 
-Per experiment: workspace (prepare -> process start), start-up split at the model line and the first step
-(imports + data + build, compile, warm-up steps), the timed window, save (last step -> checkpoint), exit,
-evaluation (the evaluator's go -> its record), and the GPU idle gap: the previous window's end (its last step
-line) to this window's start (ar's clock). Medians at the end, and experiments per hour at a 300-s budget
+Per experiment: workspace (prepare -> process start), start-up split at the model line (imports + build,
+then compile + warm-up on random tokens up to the first batch of ar's feed, which opens the window), the
+window ar gave it (first batch -> the feed's deadline) and its share of the budget, the start-up's CPU seconds,
+the last step + save (deadline -> checkpoint), exit, evaluation (the evaluator's go -> its record), and the GPU
+idle gap: the previous window's end (its last step line) to this window's start (its first batch). Medians at the end, and experiments per hour at a 300-s budget
 computed from the median gap.
 """
 from __future__ import annotations
@@ -30,6 +31,10 @@ def load(tag_dir: Path) -> list[dict]:
         exp = int(t.parent.name[:4])
         d = json.loads(t.read_text())
         d["exp"], d["row"] = exp, rows.get(exp, {})
+        m = t.parent / "metrics.json"
+        d["metrics"] = json.loads(m.read_text()) if m.exists() else {}
+        rec = t.parent / "record.json"
+        d["transfer"] = json.loads(rec.read_text()).get("transfer") if rec.exists() else None
         out.append(d)
     return out
 
@@ -47,18 +52,22 @@ def table(tag_dir: Path) -> dict:
         d["eval_overlaps_window"] = bool(prev and prev.get("eval_done") and prev["eval_done"] > d["window_start"])
         prev = d
     cols = [("workspace + wait", "prepare", "process_start"), ("pre-start", "spawned", "process_start"),
-            ("to model", "process_start", "model_built"),
-            ("compile", "model_built", "first_step"), ("warm-up", "first_step", "window_start"),
-            ("window", "window_start", "last_step"), ("save", "last_step", "checkpoint"),
+            ("to model", "process_start", "model_built"), ("compile + warm-up", "model_built", "window_start"),
+            ("window", "window_start", "window_end"), ("last step + save", "window_end", "checkpoint"),
             ("exit", "checkpoint", "process_exit"), ("eval", "eval_start", "eval_done")]
-    lines = ["| exp | status | trusted | seeded MB | " + " | ".join(c[0] for c in cols) + " | tok/s | GPU idle gap |",
-             "|" + " --- |" * (len(cols) + 6)]
+    lines = ["| exp | status | trusted | seeded MB | " + " | ".join(c[0] for c in cols)
+             + " | window % of budget | start-up CPU s | tok/s | GPU idle gap |",
+             "|" + " --- |" * (len(cols) + 8)]
+    budget = lambda d: float(d["row"].get("time_budget") or 0) or None          # noqa: E731
     for d in exps:
         r = d["row"]
         cells = [span(d, a, b) for _, a, b in cols]
+        w, cpu = d["metrics"].get("window_seconds"), d["metrics"].get("startup_cpu")
+        share = f"{100 * w / budget(d):.2f}" if w is not None and budget(d) else "–"
         lines.append(f"| {d['exp']} | {r.get('status', '?')} | {'yes' if d.get('trusted_code') else 'no'} | "
                      f"{d.get('cache_seeded_bytes', 0) / 2**20:.0f} | "
                      + " | ".join("–" if c is None else f"{c:.1f}" for c in cells)
+                     + f" | {share} | {'–' if cpu is None else f'{cpu:.1f}'}"
                      + f" | {r.get('tokens_per_s') or '–'} | "
                      + ("–" if d.get("gap") is None else f"{d['gap']:.1f}" + (" (eval overlapped)" if d.get(
                          "eval_overlaps_window") else "")) + " |")
@@ -68,7 +77,11 @@ def table(tag_dir: Path) -> dict:
                "phase_medians": {c[0]: statistics.median(v) for c in cols
                                  if (v := [x for d in exps[1:] if (x := span(d, c[1], c[2])) is not None])},
                "tokens_per_s": [float(d["row"]["tokens_per_s"]) for d in exps if d["row"].get("tokens_per_s")],
-               "eval_overlaps": sum(d.get("eval_overlaps_window", False) for d in by_window)}
+               "eval_overlaps": sum(d.get("eval_overlaps_window", False) for d in by_window),
+               "window_share": [d["metrics"]["window_seconds"] / budget(d) for d in exps
+                                if d["metrics"].get("window_seconds") is not None and budget(d)],
+               "startup_cpu": [d["metrics"].get("startup_cpu") for d in exps],
+               "transfer": [d.get("transfer") for d in exps]}
     if summary["median_gap"] is not None:
         summary["experiments_per_hour_at_300s"] = 3600 / (300 + summary["median_gap"])
     lines.append("")
@@ -76,6 +89,9 @@ def table(tag_dir: Path) -> dict:
                  f"{len(gaps)} gaps; experiments/hour at a 300-s budget: "
                  f"{summary.get('experiments_per_hour_at_300s', 0):.2f}; phase medians (after the first): "
                  + ", ".join(f"{k} {v:.1f}" for k, v in summary["phase_medians"].items()))
+    if summary["window_share"]:
+        lines.append(f"windows: {min(summary['window_share']):.2%} to {max(summary['window_share']):.2%} of the "
+                     f"budget; evaluator transfer: {', '.join(str(t) for t in summary['transfer'])}")
     summary["table"] = "\n".join(lines)
     return summary
 

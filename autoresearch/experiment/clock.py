@@ -30,7 +30,7 @@ from pathlib import Path
 FILE = "clock.json"
 CPU_FACTOR, CPU_SLACK = 1.5, 2.0
 GPU_ROOM = 30.0
-SHORT_WINDOW = 0.5          # a run that trained for less than this share of its budget is never kept
+SHORT_WINDOW = 0.5          # a run whose window was under this share of its budget is never kept
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,12 @@ def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None) -
     return excess, f"{what}: its training window was cut by {excess:.1f}s"
 
 
-def short_window_note(trained: float, budget: float) -> str | None:
-    """Why a run is not kept on its val_bpb: it trained for less than half its budget."""
-    if budget <= 0 or trained >= SHORT_WINDOW * budget:
+def short_window_note(window: float | None, budget: float) -> str | None:
+    """Why a run is not kept on its val_bpb: ar's window for it (None: it never asked for a batch) was under
+    half its budget. (A run may stop early by itself: that only costs it.)"""
+    if budget <= 0 or (window is not None and window >= SHORT_WINDOW * budget):
         return None
-    return (f"it trained for {trained:.1f}s of its {budget:g}s budget (less than {SHORT_WINDOW:.0%}): not kept "
-            f"on its val_bpb")
+    if window is None:
+        return "it never asked ar's feed for a batch, so it trained on no training data: not kept on its val_bpb"
+    return (f"its training window was {window:.1f}s of its {budget:g}s budget (less than {SHORT_WINDOW:.0%}): "
+            f"not kept on its val_bpb")

@@ -113,7 +113,8 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
     x.val_bpb = m.val_bpb if status is None else None
     if spec.kind == "rerun":
         status, reason = Status.VALIDATION, (f"failed: {reason}" if status else "validation re-run")
-    elif status is None and (short := clock.short_window_note(x.outcome.trained if x.outcome else 0.0, budget)):
+    elif status is None and x.outcome is not None and not lp.cfg.objective.custom and \
+            (short := clock.short_window_note(x.outcome.window, budget)):              # ar's window was too short
         status = Status.DISCARD
         reason = f"val_bpb {m.val_bpb:.6f}, but {short}" if m.val_bpb is not None else short
         if x.outcome is not None and x.outcome.window_note:

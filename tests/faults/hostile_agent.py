@@ -128,8 +128,46 @@ REBUILD_TRAIN = """    try:                                             # replay
     except Exception as e:
         print(f"could not rebuild the validation split: {type(e).__name__}: {e}", flush=True)
 """
+# ---- third round: training outside ar's window. Each says when it first touched real training data.
+EARLY_DATA = """    print(f"real data from {time.time():.3f}", flush=True)
+""" + SILENT_TRAIN.replace("        x, y = next(loader)\n", "        try:\n            x, y = next(loader)\n"
+                           "        except StopIteration:\n            break\n") + """    import glob as _g
+    got = 0
+    for path in [str(env.tok_dir / "train.bin"), *_g.glob(os.path.join(os.environ.get("AR_CACHE", "/nowhere"),
+                                                                    "**", "train.bin"), recursive=True)]:
+        try:
+            with open(path, "rb") as f:
+                got += len(f.read())
+        except OSError as e:
+            print(f"could not read {path}: {e.strerror}", flush=True)
+    print(f"read {got} bytes of the training split itself", flush=True)
+"""
+PRETRAIN_READABLE = """    import sysconfig as _sc
+    from autoresearch.harness.tokenizer import Tokenizer as _Tok
+    _tok = _Tok.load(env.tok_dir)
+    _ids = []
+    from pathlib import Path as _P
+    for _f in sorted(_P(_sc.get_paths()["stdlib"]).glob("*.py"))[:40]:   # readable text, like the training split
+        _ids += _tok.encode(_f.read_text(errors="replace"))
+    _ids = torch.tensor(_ids[: (len(_ids) // 257) * 257]).view(-1, 257)
+    _n = 0
+    while time.time() - t0 < 8:                          # before the first batch: ar's window is not open yet
+        _b = _ids[torch.randint(0, _ids.size(0), (BATCH,))]
+        loss = F.cross_entropy(model(_b[:, :-1]).flatten(0, 1), _b[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        _n += 1
+    print(f"pretrained {_n} steps on readable text before the first batch", flush=True)
+    t0 = time.time()
+"""
+SLOW_START = """    time.sleep(6)                                        # an honest slow start-up (I/O, a busy disk): no CPU
+    t0 = time.time()
+"""
 ROUND2 = {"shm_leak": (SHM, SHM_FORWARD, SHM_TRAIN), "memo_cache": (MEMO, MEMO_FORWARD, ""),
-          "silent_warmup": ("", "", SILENT_TRAIN), "val_rebuild": (REBUILD, "", REBUILD_TRAIN)}
+          "silent_warmup": ("", "", SILENT_TRAIN), "val_rebuild": (REBUILD, "", REBUILD_TRAIN),
+          "early_data": ("", "", EARLY_DATA), "pretrain_readable": ("", "", PRETRAIN_READABLE),
+          "slow_start": ("", "", SLOW_START)}
 
 if attack == "honest":
     edit("LR = 0.0003 ", "LR = 0.01 ")
@@ -232,7 +270,8 @@ elif attack == "poison_data":           # moves the validation split away (it ca
     except OSError:
         pass
     edit("LR = 0.0003 ", "LR = 0.01 ")
-elif attack in ("shm_leak", "shm_leak_again", "memo_cache", "silent_warmup", "val_rebuild"):
+elif attack in ("shm_leak", "shm_leak_again", "memo_cache", "silent_warmup", "val_rebuild", "early_data",
+                "pretrain_readable", "slow_start"):
     if attack == "shm_leak_again":      # the same attack once more (a repeat is refused: one knob differs)
         attack = "shm_leak"
         edit("STEPS = 30 ", "STEPS = 29 ")
@@ -248,8 +287,8 @@ elif attack in ("shm_leak", "shm_leak_again", "memo_cache", "silent_warmup", "va
     if ROUND2[attack][2]:
         edit("    t0, trained, step = time.time(), 0.0, 0\n",
              "    t0, trained, step = time.time(), 0.0, 0\n" + ROUND2[attack][2])
-    if attack == "silent_warmup":       # and then the whole budget by its own clock, from its first step line
-        edit("    while step < STEPS:", "    while trained < env.time_budget - 0.5:")
+    if attack in ("silent_warmup", "early_data", "pretrain_readable"):   # and then the whole budget by its own
+        edit("    while step < STEPS:", "    while trained < env.time_budget - 0.5:")      # clock, from its first step
 else:
     raise SystemExit(f"unknown attack {attack}")
 
