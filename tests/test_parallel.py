@@ -244,6 +244,31 @@ def test_two_slots_on_one_gpu_take_turns(tmp_path):
         pass                                 # one lock for the shared GPU, given back
 
 
+def test_two_slots_on_each_of_two_gpus_take_turns_per_gpu(tmp_path):
+    """`--gpus 0,0,1,1` (parsed without a probe): four slots, two per GPU; on each GPU one training at a time,
+    while the two GPUs train side by side."""
+    slots = parse_gpus("0,0,1,1", probe=False)
+    assert [(s.index, s.gpu) for s in slots] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    root = make_repo(tmp_path)
+    lp = ParallelLoop(cfg(gpus="cpu:4", time_budget=1.0), root, "t", executor=LocalExecutor(slots))
+    with lp:
+        for lr in (1.5, 0.8, 1.2, 0.9, 1.1, 0.7):
+            lp.enqueue_knobs({"LR_MULT": lr})
+        lp.run()
+    rows = assert_consistent(root)
+    assert len(rows) == 7
+    per_gpu: dict[str, list] = {}
+    for r in rows:
+        log = (root / "runs" / "t" / f"{r.exp_id:04d}-{r.commit}" / "train.log").read_text()
+        gpu = re.search(r"CUDA_VISIBLE_DEVICES='(\d)'", log).group(1)
+        per_gpu.setdefault(gpu, []).append(window(root, r))
+    assert set(per_gpu) == {"0", "1"}, per_gpu
+    for gpu, ws in per_gpu.items():
+        ws.sort()
+        assert all(a[1] <= b[0] for a, b in zip(ws, ws[1:])), (gpu, ws)         # one training per GPU at a time
+    assert any(a[0] < b[1] and b[0] < a[1] for a in per_gpu["0"] for b in per_gpu["1"]), per_gpu  # side by side
+
+
 def test_the_launcher_runs_nothing_of_the_tree_before_go(tmp_path):
     """harness/launcher.py starts in the run's tree but imports nothing from it (-I): a tree that plants its
     own `autoresearch` package is not run; the script runs only after `go`; a closed pipe calls the run off with

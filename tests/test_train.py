@@ -72,6 +72,9 @@ def test_cpu_run_prints_summary_and_saves_a_checkpoint_that_loads_by_its_factory
     assert s["gpu"] == "cpu" and s["mfu_percent"] == "unknown"
     steps = [ln for ln in proc.stdout.splitlines() if logfmt.STEP_RE.match(ln)]
     assert len(steps) == int(s["num_steps"]) > 2
+    for ln in steps:     # one clock: the remaining time is the budget's share the percentage leaves (ar's window)
+        m = logfmt.STEP_RE.match(ln)
+        assert abs(int(m["remaining"]) - 6 * (1 - float(m["pct"]) / 100)) <= 1.0, ln
     # what the evaluator's worker does: import the file by path, build by the named factory, load strictly
     meta = checkpoint.read_meta(ckpt)
     assert meta["factory"] == "model_from_config" and json.loads(json.dumps(meta["config"])) == meta["config"]
