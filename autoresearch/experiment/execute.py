@@ -236,12 +236,14 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
             turn.give_back()
     t0, t0_wall = t_start
     written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    opened_at = feed.opened_at if feed is not None else None
+    marks = ([opened_at - t0_wall] if opened_at is not None else []) + arrivals   # the window's start, each step
+    marks = [m for m in marks if opened_at is None or m >= opened_at - t0_wall]
+    gaps = [b - a for a, b in zip(marks, marks[1:])]
     interval = statistics.median(gaps) if gaps else None
     # the last step may finish past the window, if it is no longer than 3 typical steps (and saving takes 2 s)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
-    opened_at = feed.opened_at if feed is not None else None
     startup = opened_at - t0_wall if opened_at is not None else None
     over = None
     if opened_at is not None:
