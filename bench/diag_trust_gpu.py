@@ -1,7 +1,7 @@
 """The second-round trust path on a GPU host (run there as root; not a test): does a sandboxed process that
 dropped to `nobody` in its own namespaces start CUDA, and do torch.compile's worker processes; does the
-evaluator's CUDA IPC still work with its model workers in their own namespaces; what does the fresh worker's
-re-score cost. Needs only torch, numpy and safetensors (no prepared corpus: a hand-made random split).
+evaluator's CUDA IPC work (each model worker's buffers made by a buffer owner of its own; each record's
+`transfer` is "ipc", or "host" with the reason in `transfer_note`); what does the fresh worker's re-score cost. Needs only torch, numpy and safetensors (no prepared corpus: a hand-made random split).
 
     python bench/diag_trust_gpu.py --eval-tokens 10485760 --repeat 3 --out trust.json
 """
@@ -116,8 +116,8 @@ def evaluate(work: Path, tok: Path, ckpt: Path, eval_tokens: int, repeat: int, f
         line = proc.stdout.readline().strip()
         rec = json.loads(record.read_text())
         runs.append({"after_go_s": round(time.time() - t0, 3), "line": line,
-                     **{k: rec.get(k) for k in ("val_bpb", "rejected", "error", "transfer", "causal_max_diff",
-                                                "purity_max_diff", "fresh_max_diff", "seconds")}})
+                     **{k: rec.get(k) for k in ("val_bpb", "rejected", "error", "transfer", "transfer_note",
+                                                "causal_max_diff", "purity_max_diff", "fresh_max_diff", "seconds")}})
         print(("fresh " if fresh else "plain ") + json.dumps(runs[-1]), flush=True)
     proc.stdin.close()
     proc.wait(timeout=120)

@@ -235,3 +235,64 @@ def test_closing_a_session_server_leaves_no_process_not_even_a_zombie(tmp_path, 
     s.close()
     assert not [pid for pid in started if psutil.pid_exists(pid)]
     assert "Traceback" not in (tmp_path / "runs" / "evaluator.log").read_text()
+
+
+def _shm(pattern: str = "*") -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob(pattern)} if Path("/dev/shm").is_dir() else set()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_evaluation_without_cuda_ipc_falls_back_to_the_host_and_says_why(tmp_path, server, job):
+    """Here no buffer owner can start CUDA: the evaluation goes on through the host (where, without CUDA, the
+    model cannot load either) and the record says why CUDA IPC was not used; the owners leave nothing behind."""
+    import tempfile
+    owners = set(Path(tempfile.gettempdir()).glob("ar-owner-*"))
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    rec = server.score({**job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2), "device": "cuda"})
+    assert rec["transfer"] == "host" and "buffer owner failed" in rec["transfer_note"], rec
+    assert "\n" not in rec["transfer_note"] and "CUDA" in rec["transfer_note"], rec
+    assert rec["val_bpb"] is None and "could not load the model" in rec["rejected"], rec
+    assert set(Path(tempfile.gettempdir()).glob("ar-owner-*")) <= owners          # the owners' FIFO folders
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2))            # the CPU as ever
+    assert rec["transfer"] == "host" and "transfer_note" not in rec and rec["val_bpb"] is not None, rec
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_evaluation_in_the_sandbox_shares_its_buffers_through_cuda_ipc(tmp_path):
+    """One real evaluation on the GPU as the runner asks for it (the real sandbox, the runner's worker policies,
+    the fresh re-score): the buffers must go through CUDA IPC, each worker's made by a buffer owner of its own,
+    not the host fallback; afterwards no file of the evaluation is left in /dev/shm."""
+    from autoresearch.experiment.evaluate import fresh_job, worker_policy
+    from autoresearch.experiment.execute import Workspace
+    from autoresearch.harness import sandbox
+    if not sandbox.available()[0]:
+        pytest.skip("needs Landlock: " + sandbox.available()[1])
+    os.chmod(tmp_path, 0o755)
+    tok = handmade(tmp_path, [0, 1, 2, 3], seed=1)
+    ws = Workspace.at(tmp_path / "ws")
+    for d in (ws.src, ws.job):
+        d.mkdir(parents=True)
+    (ws.src / "models.py").write_text(MODELS)
+    checkpoint.save(ws.checkpoint, factory="fixed", config={"vocab": 4},
+                    arrays={"bias": np.array([0.5, 1.0, -1.0, 2.0], dtype=np.float32)})
+    sandbox.give_to_sandbox(ws.src, ws.checkpoint, ws.job)
+    req = {"tok_dir": str(tok), "dataset": "hand", "seq_len": T, "eval_tokens": 64 * T, "holdout_tokens": 0,
+           "rows": 8, "device": "cuda", "manifest": manifest(tok), "checkpoint": str(ws.checkpoint),
+           "source": str(ws.src), "train_file": "models.py", "job_dir": str(ws.job),
+           "record": str(ws.root / "record.json"), "private": str(ws.root / "private.json"), "timeout": 120,
+           "sandbox": True, "policy": worker_policy(ws), "tolerance": 2e-3, "fresh_job_dir": str(fresh_job(ws)),
+           "fresh_policy": worker_policy(ws, fresh_job(ws)), "fresh_rows": 8}
+    before = _shm()
+    s = Server(tmp_path / "evaluator.log")
+    try:
+        rec = s.score(req)
+    finally:
+        s.close()
+    log = (tmp_path / "evaluator.log").read_text()[-3000:]
+    assert rec.get("error") is None and rec["rejected"] is None, (rec, log)
+    assert rec["transfer"] == "ipc", f"CUDA IPC fell back to the host: {rec.get('transfer_note')}\n{log}"
+    assert "transfer_note" not in rec and rec["val_bpb"] > 0, rec
+    assert rec["fresh_max_diff"] == 0 and rec["causal_max_diff"] == 0, rec
+    left = {n for n in _shm() - before if n.startswith(("cuda.shm.", "torch_"))}
+    assert not left, f"files of the evaluation left in /dev/shm: {sorted(left)}"

@@ -6,6 +6,17 @@
 It runs in a fresh interpreter with no checkout on sys.path and never imports the proposal. It holds the
 validation tokens and the token-bytes table; the proposal's model runs in a sandboxed worker (worker.py) that
 cannot open either, gets token ids only (never the targets) through a shared buffer, and returns logits.
+
+The buffers (token ids [rows, T] int64 in, logits [rows, T, vocab] float32 out): on the CPU, files in the worker's
+folder that both map. On a GPU, CUDA IPC: each model worker (the main one, the fresh one) gets a buffer owner of
+its own, a short-lived trusted process forked by the zygote (zygote.owner) that allocates that worker's two
+buffers and exports them; the evaluator maps the same handles. The worker then shares the evaluator's namespaces
+and uid (sandbox.py, "shared_ipc"), and the only files of /dev/shm it may write are its owner's (`owner_files`:
+the CUDA driver's file of the exporting process, which an importer must open for writing, and torch's reference
+counts). The owner lives until its worker is closed, then exits; once both are reaped, those files are removed
+(`remove_owner_files`), so nothing a worker wrote there reaches a later worker (the fresh one, the next
+experiment's). Where CUDA IPC fails (the owner, the mapping here or the worker's), the evaluation falls back to
+host transfer, in workers of their own namespaces, and says why in the record.
 Here: cross-entropy = logsumexp(logits) − logit[target], summed in float64 over exactly `eval_tokens` targets,
 divided by ln 2 × the UTF-8 bytes those targets stand for (special tokens have no bytes and count in neither).
 
@@ -23,6 +34,10 @@ Checks, each a rejection with a reason a user can read:
 A hold-out slice (validation rows after the evaluated ones) is scored the same way and written only to the
 private file the runner names, never to the record or any log.
 
+The record: val_bpb, eval_tokens, eval_bytes, dataset, seq_len, rejected (a reason, or None), causal_max_diff,
+purity_max_diff, fresh_max_diff, seconds {total, after_go}; transfer ("ipc" or "host": how the buffers were
+shared) and, only where a CUDA evaluation fell back to the host, transfer_note (one line: why CUDA IPC failed).
+
 REQUEST (JSON): tok_dir, dataset, seq_len, eval_tokens, holdout_tokens, rows, device, manifest {file: sha256},
 checkpoint, source, train_file, job_dir, record, private, timeout, sandbox (bool), policy (the worker's
 sandbox policy), tolerance; fresh_job_dir, fresh_policy, fresh_rows (the fresh worker's folder, policy and rows;
@@ -38,8 +53,10 @@ import math
 import os
 import pickle
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -66,6 +83,10 @@ class Rejected(Exception):
     """The checkpoint or the model's behaviour disqualifies the run (the message says why)."""
 
 
+class _NoIPC(Exception):
+    """CUDA IPC failed on the trusted side (the buffer owner, or the mapping here): host transfer instead."""
+
+
 class Zygote:
     """The fork server (zygote.py) that makes one fresh sandboxed model process per evaluation."""
 
@@ -81,10 +102,11 @@ class Zygote:
                 raise RuntimeError("the model fork server did not start; see evaluator.log")
             self.ready = True
 
-    def clean(self, spare: int | None = None) -> None:
-        """Kill whatever the last workers left behind, now (not when the next job comes); all but `spare`."""
+    def clean(self, spare: tuple[int, ...] = ()) -> None:
+        """Kill and reap whatever the last workers (and their buffer owners) left behind, now (not when the next
+        job comes); all but the `spare` pids and what is below them."""
         self._start()
-        self.proc.stdin.write("clean\n" if spare is None else f"clean {spare}\n")
+        self.proc.stdin.write(" ".join(["clean", *map(str, spare)]) + "\n")
         self.proc.stdin.flush()
         if self.proc.stdout.readline().strip() != "clean":
             raise RuntimeError("the model fork server stopped; see evaluator.log")
@@ -105,28 +127,36 @@ class Zygote:
         stop_on_end_of_input(self.proc, grace=5)     # end of input: it reaps its workers and leaves by itself
 
 
-class _Worker:
-    """One sandboxed model process (a child of the zygote) and its line protocol over two FIFOs."""
+def worker_env(d: Path) -> dict[str, str]:
+    """A model worker's environment: what every process of a run keeps, and its folder as HOME and TMPDIR."""
+    env = {k: v for k, v in os.environ.items() if k in KEPT_ENV}
+    env.update(HOME=str(d), TMPDIR=str(d), PYTHONUNBUFFERED="1")
+    return env
 
-    def __init__(self, req: dict, zygote: Zygote, deadline: float, job_dir: str | None = None,
-                 policy: dict | None = None):
-        d = Path(job_dir or req["job_dir"])
+
+class _Worker:
+    """A child of the zygote and its line protocol over two FIFOs in its folder `d`: a sandboxed model process
+    (kind "model", the folder its job folder), or the buffer owner of one (kind "owner", the folder a private one
+    of the evaluator's that no worker can reach: the owner's answer is unpickled here)."""
+
+    def __init__(self, zygote: Zygote, d: Path, job: dict, deadline: float, kind: str = "model"):
         for name in ("to_worker", "from_worker"):
             (d / name).unlink(missing_ok=True)
             os.mkfifo(d / name, 0o600)
-        env = {k: v for k, v in os.environ.items() if k in KEPT_ENV}
-        env.update(HOME=str(d), TMPDIR=str(d), PYTHONUNBUFFERED="1")
-        self.deadline = deadline
+        self.dir, self.kind, self.deadline = d, kind, deadline
+        self.what = "the model process" if kind == "model" else "the buffer owner"
+        self.inp = self.out = None       # the buffers, as mapped here
+        self.owner: _Worker | None = None    # (a model worker on CUDA IPC) its buffer owner
+        self.files: list[str] = []       # (an owner) its files in /dev/shm: its worker's to write
         self.rfd = os.open(d / "from_worker", os.O_RDONLY | os.O_NONBLOCK)
-        self.pid = zygote.spawn({"job_dir": str(d), "source": req["source"], "policy": policy or req["policy"],
-                                 "sandbox": req.get("sandbox", True), "env": env})
+        self.pid = zygote.spawn({**job, "job_dir": str(d), "owner": kind == "owner"})
         while True:                                  # the writer end opens once the worker opens its reader end
             try:
                 self.wfd = os.open(d / "to_worker", os.O_WRONLY | os.O_NONBLOCK)
                 break
             except OSError:
                 if time.monotonic() > self.deadline or not _alive(self.pid):
-                    raise Rejected("the model process did not start; see eval.log") from None
+                    raise Rejected(f"{self.what} did not start; see eval.log") from None
                 time.sleep(0.005)
         os.set_blocking(self.wfd, True)
         self._buf = b""
@@ -135,14 +165,15 @@ class _Worker:
         try:
             os.write(self.wfd, (line + "\n").encode())
         except OSError:
-            raise Rejected("the model process exited early; see eval.log") from None
+            raise Rejected(f"{self.what} exited early; see eval.log") from None
 
     def _readline(self) -> str:
         import select
         while b"\n" not in self._buf:
             left = self.deadline - time.monotonic()
             if left <= 0 or not select.select([self.rfd], [], [], left)[0]:
-                raise Rejected("the model took longer than the evaluation allowance")
+                raise Rejected(f"{'the model' if self.kind == 'model' else self.what} took longer than the "
+                               "evaluation allowance")
             try:
                 chunk = os.read(self.rfd, 4096)
             except BlockingIOError:
@@ -153,7 +184,7 @@ class _Worker:
                 continue
             self._buf += chunk
             if len(self._buf) > 1 << 16:
-                raise Rejected("the model process flooded the evaluator's channel")
+                raise Rejected(f"{self.what} flooded the evaluator's channel")
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode(errors="replace").strip()
 
@@ -163,10 +194,26 @@ class _Worker:
             return
         if line.startswith("err "):
             raise Rejected(f"the model failed: {line[4:]}")
-        raise Rejected("the model process exited early; see eval.log" if not line else
-                       f"the model process said {line[:80]!r} instead of {what!r}")
+        raise Rejected(f"{self.what} exited early; see eval.log" if not line else
+                       f"{self.what} said {line[:80]!r} instead of {what!r}")
+
+    def export(self) -> bytes:
+        """(an owner) Wait until it has made and exported its worker's buffers; map them here too; note its files
+        in /dev/shm. Returns the pickled handles, for the worker."""
+        line = self._readline()
+        if not line.startswith("ready "):
+            raise _NoIPC(f"the buffer owner failed: {line[4:] if line.startswith('err ') else 'see evaluator.log'}")
+        pickled = bytes.fromhex(line[len("ready "):])
+        fn, args = pickle.loads(pickled)         # from the owner, trusted, over a FIFO no worker can open
+        try:
+            self.inp, self.out = fn(*args[0]), fn(*args[1])
+        except Exception as e:
+            raise _NoIPC(f"the evaluator could not map the buffers: {type(e).__name__}: {e}") from None
+        self.files = sorted(set(owner_files(self.pid)) | set(_ref_counters(*args)))
+        return pickled
 
     def close(self) -> None:
+        self.inp = self.out = None               # the evaluator's mapping goes before the owner does
         try:
             self.send("exit")
         except Rejected:
@@ -220,7 +267,7 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
               "seq_len": T, "rejected": None, "causal_max_diff": None, "purity_max_diff": None,
               "fresh_max_diff": None}
     cache = {} if cache is None else cache
-    worker = fresh = None
+    started: list[_Worker] = []                  # every child of the zygote this evaluation has running
     try:
         for name, digest in req["manifest"].items():
             if sha256_file(tok_dir / name) != digest:
@@ -242,36 +289,35 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         go()                                     # the runner: the checkpoint is complete
         t_go = time.monotonic()
         deadline = time.monotonic() + float(req["timeout"])
-        fresh_dir = Path(req["fresh_job_dir"]) if req.get("fresh_job_dir") else None
+        lanes = [(job, B, req["policy"])]        # (folder, rows, policy) of each model worker
+        if req.get("fresh_job_dir"):             # shown nothing until the end: it loads while the main pass runs
+            fresh_dir = Path(req["fresh_job_dir"])
+            fresh_dir.mkdir(exist_ok=True)
+            from .sandbox import give_to_sandbox
+            give_to_sandbox(fresh_dir)
+            lanes.append((fresh_dir, min(B, int(req.get("fresh_rows") or B)), req["fresh_policy"]))
         for transfer in (["ipc", "host"] if device.type == "cuda" else ["host"]):
-            inp, out, counters = _job(job, B, T, V, device, transfer, req)
-            worker = _Worker(req, zygote, deadline, policy=_policy(req["policy"], counters))
-            worker.send("go")
-            if fresh_dir is not None:        # shown nothing until the end: it loads while the main pass runs
-                nf = min(B, int(req.get("fresh_rows") or B))
-                fresh_dir.mkdir(exist_ok=True)
-                from .sandbox import give_to_sandbox
-                give_to_sandbox(fresh_dir)
-                *fresh_bufs, counters = _job(fresh_dir, nf, T, V, device, transfer, req)
-                fresh = _Worker(req, zygote, deadline, str(fresh_dir), _policy(req["fresh_policy"], counters))
-                fresh.send("go")
+            record["transfer"] = transfer
             try:
-                worker.expect("ready")
+                workers = _start(req, zygote, deadline, lanes, V, transfer, started)
+                workers[0].expect("ready")
                 break
-            except Rejected as e:   # CUDA IPC unavailable (some sandboxed GPU runtimes), or the shared-namespace
-                if transfer != "ipc":   # worker refused something the GPU stack needs: logits through the host, in
-                    raise               # the worker's own namespaces (a broken model fails there the same way)
+            except (Rejected, _NoIPC) as e:
+                # CUDA IPC unavailable (some sandboxed GPU runtimes), or the shared-namespace worker refused
+                # something the GPU stack needs: logits through the host, in workers of their own namespaces (a
+                # broken model fails there the same way), and the record says why
+                if transfer != "ipc":
+                    raise
                 print(f"evaluator: {e}; falling back to host transfer", file=sys.stderr, flush=True)
-                worker.close()
-                if fresh is not None:
-                    fresh.close()
-                    fresh = None
-        record["transfer"] = transfer
+                record["transfer_note"] = " ".join(str(e).split())[:300]
+                _retire(zygote, started)
+                started.clear()
+        worker, fresh = workers[0], workers[1] if len(workers) > 1 else None
         token_bytes = token_bytes.to(device)
         secret = secrets.SystemRandom()
         check_at = secret.randrange(len(batches))
-        sample = _fresh_sample(secret, len(batches) + len(held), B, fresh_bufs[0].size(0)) if fresh else {}
-        nats, nbytes = _score(worker, inp, out, batches, token_bytes, record["eval_tokens"], device,
+        sample = _fresh_sample(secret, len(batches) + len(held), B, fresh.inp.size(0)) if fresh else {}
+        nats, nbytes = _score(worker, batches, token_bytes, record["eval_tokens"], device,
                               check=(check_at, secret, req, record), keep=sample)
         if nbytes == 0:
             raise Rejected(f"the {record['eval_tokens']} evaluated targets stand for no bytes")
@@ -281,23 +327,20 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         record.update(val_bpb=bpb, eval_bytes=nbytes)
         private = {"holdout_bpb": None, "holdout_tokens": 0}
         if held:
-            hn, hb = _score(worker, inp, out, held, token_bytes, holdout, device, keep=sample, first=len(batches))
+            hn, hb = _score(worker, held, token_bytes, holdout, device, keep=sample, first=len(batches))
             private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
-        if fresh is not None:
-            worker.close()                       # gone before the fresh worker is shown anything, with every
-            worker = None                        # process it left (only the fresh worker's own tree is spared)
-            zygote.clean(spare=fresh.pid)
-            _check_fresh(fresh, *fresh_bufs, batches + held, sample, secret, device, req, record)
+        if fresh is not None:                    # the main worker and its owner gone, with every process it left
+            keep = [p for p in (fresh, fresh.owner) if p is not None]   # (only the fresh worker's are spared),
+            _retire(zygote, [p for p in started if p not in keep], spare=keep)   # before the fresh one is shown
+            started[:] = keep                                                    # anything
+            _check_fresh(fresh, batches + held, sample, secret, device, req, record)
         record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
     except Rejected as e:
         record.update(val_bpb=None, rejected=str(e))
         private = {"holdout_bpb": None, "holdout_tokens": 0}
     finally:
-        for w in (worker, fresh):
-            if w is not None:
-                w.close()
         try:
-            zygote.clean()                       # nothing a worker started outlives its evaluation
+            _retire(zygote, started)             # nothing a worker started outlives its evaluation, nor its files
         except (OSError, RuntimeError):
             pass
         for d in (job, Path(req["fresh_job_dir"]) if req.get("fresh_job_dir") else None):
@@ -307,20 +350,85 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
     return {"record": record, "private": private}
 
 
-def _job(job: Path, B: int, T: int, V: int, device, transfer: str, req: dict):
-    """Write a worker's job.json and make its buffers (the worker's to write when it runs as another uid)."""
-    (job / "job.json").write_text(json.dumps({
-        "rows": B, "seq_len": T, "vocab": V, "device": req["device"], "checkpoint": req["checkpoint"],
-        "source": req["source"], "train_file": req["train_file"], "transfer": transfer}))
-    *bufs, ref_counters = _buffers(job, B, T, V, device, transfer)
-    from .sandbox import give_to_sandbox
-    give_to_sandbox(*(job / n for n in ("in.bin", "out.bin")))
-    return (*bufs, ref_counters)
+def _start(req: dict, zygote: Zygote, deadline: float, lanes: list, V: int, transfer: str,
+           started: list) -> list[_Worker]:
+    """A model worker per lane (folder, rows, policy), each told "go" (it loads the model) once its buffers exist:
+    with "ipc", made by a buffer owner of its own (every owner starts at once; a worker starts once its owner
+    has exported them, since its policy names the owner's files), with "host", files in its folder. Every child
+    started is added to `started`."""
+    T = int(req["seq_len"])
+    owners = []
+    for _, rows, _ in lanes if transfer == "ipc" else []:
+        d = Path(tempfile.mkdtemp(prefix="ar-owner-"))      # its FIFOs: in no worker's reach
+        try:
+            owners.append(_Worker(zygote, d, {"rows": rows, "seq_len": T, "vocab": V, "device": req["device"]},
+                                  deadline, kind="owner"))
+        except Rejected:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        started.append(owners[-1])
+    workers = []
+    for i, (d, rows, policy) in enumerate(lanes):
+        (d / "job.json").write_text(json.dumps({
+            "rows": rows, "seq_len": T, "vocab": V, "device": req["device"], "checkpoint": req["checkpoint"],
+            "source": req["source"], "train_file": req["train_file"], "transfer": transfer}))
+        env = worker_env(d)
+        owner = owners[i] if owners else None
+        if owner is not None:
+            (d / "ipc.pkl").write_bytes(owner.export())
+            policy = ipc_policy(policy, owner.files)
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"    # its /proc entries only: a compile worker has none
+            inp, out = owner.inp, owner.out
+        else:
+            inp, out = _host_buffers(d, rows, T, V)
+        w = _Worker(zygote, d, {"source": req["source"], "policy": policy, "sandbox": req.get("sandbox", True),
+                                "env": env}, deadline)
+        started.append(w)
+        w.inp, w.out, w.owner = inp, out, owner
+        w.send("go")
+        workers.append(w)
+    return workers
 
 
-def _policy(policy: dict, ref_counters: list[str]) -> dict:
-    """The worker's policy for this transfer: with CUDA IPC, the shared-namespace sandbox (sandbox.py)."""
-    return {**policy, "shared_ipc": True, "ipc_files": ref_counters} if ref_counters else policy
+def _retire(zygote: Zygote, procs: list[_Worker], spare: list[_Worker] = ()) -> None:
+    """Close `procs` (the model workers, then the buffer owners), have the zygote reap them and whatever they
+    left (all but `spare`), then remove every owner's files in /dev/shm (a killed owner's driver may leave its
+    own) and its folder: no byte a worker wrote may reach a later worker."""
+    for p in sorted(procs, key=lambda p: p.kind == "owner"):
+        p.close()
+    try:
+        zygote.clean(spare=tuple(p.pid for p in spare))
+    finally:
+        for p in procs:
+            if p.kind == "owner":
+                remove_owner_files(p.pid, p.files)
+                shutil.rmtree(p.dir, ignore_errors=True)
+
+
+def owner_files(pid: int) -> list[str]:
+    """The files in /dev/shm named for a buffer owner's pid: the CUDA driver's of the exporting process
+    (`cuda.shm.<n>.<pid in hex>.<n>`) and torch's reference counts (`torch_<pid>_<n>_<n>`)."""
+    import glob
+    return sorted(set(glob.glob(f"/dev/shm/cuda.shm.*.{pid:x}.*") + glob.glob(f"/dev/shm/torch_{pid}_*")))
+
+
+def remove_owner_files(pid: int, files=()) -> list[str]:
+    """Remove a reaped owner's files in /dev/shm (`files`, the ones its worker could write, and any other named
+    for its pid); returns those removed."""
+    gone = []
+    for f in sorted(set(files) | set(owner_files(pid))):
+        try:
+            os.unlink(f)
+            gone.append(f)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
+def ipc_policy(policy: dict, files: list[str]) -> dict:
+    """A model worker's policy with CUDA IPC: the shared-namespace sandbox (sandbox.py), in which the only files
+    of /dev/shm it may write are `files`, its buffer owner's."""
+    return {**policy, "shared_ipc": True, "ipc_files": list(files)}
 
 
 def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
@@ -338,7 +446,7 @@ def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
     return {p: None for p in out}
 
 
-def _check_fresh(fresh, inp, out, batches, sample: dict, secret, device, req: dict, record: dict) -> None:
+def _check_fresh(fresh, batches, sample: dict, secret, device, req: dict, record: dict) -> None:
     """Score the sampled rows again in the fresh worker, shuffled together; their losses must not move."""
     import torch
     fresh.expect("ready")
@@ -346,7 +454,7 @@ def _check_fresh(fresh, inp, out, batches, sample: dict, secret, device, req: di
     secret.shuffle(pairs)
     x = torch.stack([batches[b][0][r] for b, r in pairs]).to(device)
     y = torch.stack([batches[b][1][r] for b, r in pairs]).to(device)
-    again = _nll(_call(fresh, inp, out, x), y).double().cpu()
+    again = _nll(_call(fresh, x), y).double().cpu()
     diff = max(float((again[i] - sample[p]).abs().max()) for i, p in enumerate(pairs))
     record["fresh_max_diff"] = diff
     tol = float(req.get("tolerance", 1e-3))
@@ -356,29 +464,23 @@ def _check_fresh(fresh, inp, out, batches, sample: dict, secret, device, req: di
                        f"(tolerance {tol:g}); a row's logits must depend on that row alone")
 
 
-def _buffers(job: Path, B: int, T: int, V: int, device, transfer: str = "host"):
-    """The shared input (token ids) and output (logits) buffers, allocated here, mapped by the worker: on the
-    GPU through CUDA IPC handles, else files both processes map (on a GPU, the slow fallback)."""
+def _host_buffers(job: Path, B: int, T: int, V: int):
+    """The input (token ids) and output (logits) buffers as files in the worker's folder that both processes map
+    (the CPU's, and a GPU's fallback); the worker's to write when it runs as another uid."""
     import torch
-    if transfer == "ipc":
-        from torch.multiprocessing.reductions import reduce_tensor
-        inp = torch.zeros(B, T, dtype=torch.int64, device=device)
-        out = torch.zeros(B, T, V, dtype=torch.float32, device=device)
-        fn, a = reduce_tensor(inp)
-        _, b = reduce_tensor(out)
-        (job / "ipc.pkl").write_bytes(pickle.dumps((fn, (a, b))))
-        return inp, out, _ref_counters(a, b)
+    from .sandbox import give_to_sandbox
     for name, n, dtype in (("in.bin", B * T, torch.int64), ("out.bin", B * T * V, torch.float32)):
         with open(job / name, "wb") as f:
             f.truncate(n * torch.tensor([], dtype=dtype).element_size())
+    give_to_sandbox(job / "in.bin", job / "out.bin")
     inp = torch.from_file(str(job / "in.bin"), shared=True, size=B * T, dtype=torch.int64).view(B, T)
     out = torch.from_file(str(job / "out.bin"), shared=True, size=B * T * V, dtype=torch.float32).view(B, T, V)
-    return inp, out, []
+    return inp, out
 
 
 def _ref_counters(*rebuild_args) -> list[str]:
     """The /dev/shm files that hold the reference counts of CUDA buffers shared with torch's reduce_tensor
-    (its 12th rebuild argument): the only files in /dev/shm the worker may open for writing."""
+    (its 12th rebuild argument): besides the driver's, the files in /dev/shm the worker must open for writing."""
     out = []
     for args in rebuild_args:
         name = args[11] if len(args) > 11 else None
@@ -389,9 +491,11 @@ def _ref_counters(*rebuild_args) -> list[str]:
     return out
 
 
-def _call(worker: _Worker, inp, out, x):
+
+def _call(worker: _Worker, x):
     """The model's logits for the rows of x (a private copy, taken the moment the worker says ok)."""
     import torch
+    inp, out = worker.inp, worker.out
     n = x.size(0)
     inp[:n].copy_(x, non_blocking=False)
     if inp.is_cuda:
@@ -408,7 +512,7 @@ def _nll(logits, y):
     return logits.logsumexp(-1) - logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)
 
 
-def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=None, keep=None, first: int = 0):
+def _score(worker, batches, token_bytes, n_tokens: int, device, check=None, keep=None, first: int = 0):
     """Summed nats and bytes over exactly n_tokens targets (rows in order; the last batch counted in part)."""
     import torch
     nats = torch.zeros((), dtype=torch.float64, device=device)
@@ -416,7 +520,7 @@ def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=
     left = n_tokens
     for i, (x, y) in enumerate(batches):
         x, y = x.to(device), y.to(device)
-        logits = _call(worker, inp, out, x)
+        logits = _call(worker, x)
         w = token_bytes[y]
         per = y.numel()
         if left < per:
@@ -428,12 +532,12 @@ def _score(worker, inp, out, batches, token_bytes, n_tokens: int, device, check=
             if b == first + i:              # a sampled row: its losses, for the fresh worker's re-score
                 keep[(b, r)] = _nll(logits[r], y[r]).double().cpu()
         if check is not None and i == check[0]:
-            _check_causal(worker, inp, out, x, logits, *check[1:])
+            _check_causal(worker, x, logits, *check[1:])
         del logits
     return float(nats.item()), int(nbytes.item())
 
 
-def _check_causal(worker, inp, out, x, logits, secret, req: dict, record: dict) -> None:
+def _check_causal(worker, x, logits, secret, req: dict, record: dict) -> None:
     """Resend x shuffled, with a few rows' futures randomised; earlier logits must not move."""
     import torch
     B, T = x.shape
@@ -447,7 +551,7 @@ def _check_causal(worker, inp, out, x, logits, secret, req: dict, record: dict) 
     for r, c in cuts.items():
         probe[r, c:] = torch.randint(0, V, (T - c,), generator=gen).to(x.device)
     perm = secret.sample(range(B), B)
-    again = _call(worker, inp, out, probe[perm])
+    again = _call(worker, probe[perm])
     back = torch.empty_like(again)
     back[perm] = again
     causal, pure = 0.0, 0.0

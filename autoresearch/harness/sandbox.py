@@ -23,8 +23,19 @@ readable; what it must write is chowned to that uid by the trusted side (`give_t
 A `hide` list in an allow-list policy names paths inside readable ones that stay unreadable (the raw files a
 dataset's validation text comes from): the read rules are carved around them.
 
-Besides the policy, a sandboxed process may write its own /proc/PID entries (the CUDA driver does; another
-process's are not reachable). The supervisor is a child subreaper: double-forked daemons of CMD are re-parented to it, and when CMD exits it
+Besides the policy, a sandboxed process may write its own /proc/PID entries (the CUDA driver does). An
+allow-list policy that runs as an ordinary user or as `nobody` gets all of /proc writable (torch.compile's worker
+processes start CUDA too): file permissions keep /proc/sys out of reach, but not the writable entries of the same
+uid's other processes (coredump_filter, oom_score_adj; see docs/reliability.md). Kept as root, only its own.
+
+A policy with "shared_ipc": true (the evaluator's model worker on a GPU, whose buffers come through CUDA IPC from
+a buffer owner of its own; see evaluator.py) gets no namespaces and keeps its uid, which CUDA IPC needs (the
+importer opens the exporting process's driver file in /dev/shm, mode 0600, for writing). Instead seccomp refuses
+System V / POSIX IPC and keyrings, and the write rules are narrowed: in /dev/shm only its "ipc_files" (its
+owner's files, which the evaluator removes once worker and owner are reaped), in /dev only `shared_devices()`
+(file rules: nothing can be made there), in /proc only its own entries.
+
+The supervisor is a child subreaper: double-forked daemons of CMD are re-parented to it, and when CMD exits it
 SIGKILLs every process still below it before exiting with CMD's code. The runner still kills the whole process
 group and tree from outside, so a killed supervisor leaks nothing either.
 
@@ -273,11 +284,11 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def _kill_below(me: int, spare: int | None = None) -> None:
-    """SIGKILL every process below this one (re-parented daemons included), until none is left; with `spare`,
-    all but that child and what is still below it."""
+def _kill_below(me: int, spare=()) -> None:
+    """SIGKILL and reap every process below this one (re-parented daemons included), until none is left; all
+    but the `spare` children and what is still below them."""
     for _ in range(50):
-        kids = [k for k in _children_of(me) if k != spare]
+        kids = [k for k in _children_of(me) if k not in spare]
         if not kids:
             return
         stack = list(kids)
@@ -300,8 +311,8 @@ def _kill_below(me: int, spare: int | None = None) -> None:
             except ChildProcessError:
                 break
             if pid == 0:
-                if spare is not None and not [k for k in _children_of(me) if k != spare]:
-                    break                   # the spared child lives on: nothing else to wait for
+                if spare and not [k for k in _children_of(me) if k not in spare]:
+                    break                   # the spared children live on: nothing else to wait for
                 time.sleep(0.01)
 
 
@@ -343,13 +354,15 @@ def restrict_policy(policy: dict) -> int:
     entries; file permissions keep /proc/sys and other users' processes out of reach)."""
     write = list(policy.get("write", []))
     if policy.get("shared_ipc"):
-        # the evaluator's model worker on a GPU: CUDA IPC needs the evaluator's IPC and mount namespaces and its
-        # uid (the reference counts of shared GPU buffers are files in its /dev/shm, mode 0600). So no
-        # namespaces and no change of uid: System V / POSIX IPC calls and keyrings are refused (seccomp), and
-        # in /dev/shm only the named reference-count files are writable: nothing the worker makes can outlive it
-        write = [w for w in write if w != "/dev"] + _dev_except(("/dev/shm", "/dev/mqueue"))
-        write += [str(f) for f in policy.get("ipc_files", [])]
-        write.append("/proc" if os.geteuid() != 0 else f"/proc/{os.getpid()}")
+        # the evaluator's model worker on a GPU, whose buffers a buffer owner of its own exports (evaluator.py):
+        # CUDA IPC needs the owner's IPC and mount namespaces and uid (an importer opens the driver's file of the
+        # exporting process, mode 0600 in /dev/shm, for writing). So no namespaces and no change of uid. Instead:
+        # System V / POSIX IPC calls and keyrings refused (seccomp); of /dev/shm only the owner's files writable
+        # (`ipc_files`; the evaluator removes them once worker and owner are reaped); of /dev only the devices
+        # CUDA needs, each a rule of its own (nothing can be made there); of /proc only its own entries (a
+        # process of the same uid is not its to change). Nothing it writes outlives it.
+        write = [w for w in write if w != "/dev"] + [str(f) for f in policy.get("ipc_files", [])]
+        write += shared_devices() + [f"/proc/{os.getpid()}"]
         libc = _libc()
         if libc is None:
             raise SandboxError(available()[1])
@@ -366,6 +379,27 @@ def restrict_policy(policy: dict) -> int:
             write = [w for w in write if w != "/dev"] + _dev_except(("/dev/shm", "/dev/mqueue"))
     return restrict(policy.get("read", []), write, network=bool(policy.get("network")),
                     deny=policy.get("deny", []), read_only=policy.get("read_only", []), hide=policy.get("hide", []))
+
+
+SHARED_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/nvidia*",
+                  "/dev/nvidia*/*")
+
+
+def shared_devices() -> list[str]:
+    """The devices a shared-namespace model worker may open for writing: the character devices among
+    `SHARED_DEVICES` (what Python and the CUDA driver open). Neither a folder (in /dev a root worker could make
+    a file that outlives it) nor a device whose writes outlive the writer (a disk, the kernel log)."""
+    import glob
+    import stat
+    out = set()
+    for pattern in SHARED_DEVICES:
+        for p in glob.glob(pattern):
+            try:
+                if stat.S_ISCHR(os.stat(p).st_mode):
+                    out.add(os.path.realpath(p))
+            except OSError:
+                pass
+    return sorted(out)
 
 
 def _dev_except(kept_out: tuple[str, ...]) -> list[str]:

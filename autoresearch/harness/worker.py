@@ -7,7 +7,8 @@ loads its weights, then answers the evaluator over stdin/stdout, one line each w
     evaluator: "run N"  -> the worker reads N rows of token ids from the shared input buffer, writes the logits
                            [N, T, V] into the shared output buffer, answers "ok" (or "err MESSAGE")
     evaluator: "exit"
-The buffers are files in JOB_DIR on the CPU and CUDA IPC handles on a GPU (both allocated by the evaluator).
+The buffers are files in JOB_DIR on the CPU (the evaluator's), and on a GPU CUDA IPC handles in JOB_DIR/ipc.pkl
+(the buffers of a trusted buffer owner of this worker's own, zygote.owner, which the evaluator maps too).
 Anything the proposal prints goes to stderr (the evaluation log), never into the protocol.
 """
 

@@ -7,9 +7,15 @@ not it). For each job {"job_dir", "source", "policy", "sandbox", "env"} it forks
 session, restricts itself to the policy (Landlock; the child is single-threaded right after fork), resets its
 environment, closes every inherited descriptor, connects to the evaluator through two FIFOs in the job folder
 (`to_worker`, `from_worker`) and runs worker.main. It answers "pid N" for each job. No process that ran one
-proposal's code serves another: each child exits after its job, and the zygote (a child subreaper) kills
-whatever a child left behind when the evaluator says "clean" (after every evaluation, whose two workers, the
-main one and the fresh one, run side by side; it answers "clean").
+proposal's code serves another: each child exits after its job, and the zygote (a child subreaper) kills and
+reaps whatever a child left behind when the evaluator says "clean" or "clean PID ..." (all but those pids and
+what is below them; after every evaluation, whose two workers, the main one and the fresh one, run side by
+side; it answers "clean").
+
+A job {"owner": true, "job_dir", "rows", "seq_len", "vocab", "device"} is a model worker's buffer owner on a GPU
+(`owner`): trusted, not sandboxed, in the zygote's environment, its stderr the evaluator's log, its FIFOs in a
+private folder of the evaluator's. A child of the zygote because the zygote has torch imported and no CUDA
+context, so that a forked child can start one.
 """
 
 from __future__ import annotations
@@ -21,29 +27,62 @@ import sys
 import traceback
 
 from . import sandbox, worker
+from .evaluator import remove_owner_files
 
 
 def _child(job: dict) -> int:
     os.setsid()
-    d = job["job_dir"]
-    log = os.open(os.path.join(d, "eval.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 2)
+    d, model = job["job_dir"], not job.get("owner")
+    if model:
+        log = os.open(os.path.join(d, "eval.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 2)
     fin = os.open(os.path.join(d, "to_worker"), os.O_RDONLY)      # before the sandbox: the FIFOs stay the
     fout = os.open(os.path.join(d, "from_worker"), os.O_WRONLY)   # evaluator's, the worker never opens them
-    if job.get("sandbox", True):
+    if model and job.get("sandbox", True):
         sandbox.restrict_policy(job["policy"])     # its own namespaces, not root, then Landlock
     os.dup2(fin, 0)
     os.dup2(fout, 1)
     os.closerange(3, 1 << 16)              # nothing of the zygote's pipes or the evaluator's reaches the model
-    os.environ.clear()
-    os.environ.update(job.get("env", {}))
-    os.chdir(job["source"])
+    if model:
+        os.environ.clear()
+        os.environ.update(job.get("env", {}))
+        os.chdir(job["source"])
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    return worker.main(d)
+    return worker.main(d) if model else owner(job)
+
+
+def owner(job: dict) -> int:
+    """A model worker's buffer owner: allocate its input and output buffers on the GPU, export them (CUDA IPC
+    handles, pickled, as hex: "ready HEX"), keep them until "exit" or the end of input. The files in /dev/shm
+    named for its pid are the only ones there its worker may write; the evaluator removes them once both are
+    reaped (evaluator.remove_owner_files), and any left by a dead process of the same pid go first, here."""
+    import pickle
+
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    remove_owner_files(os.getpid())
+    B, T, V = job["rows"], job["seq_len"], job["vocab"]
+    try:
+        inp = torch.zeros(B, T, dtype=torch.int64, device=job["device"])
+        out = torch.zeros(B, T, V, dtype=torch.float32, device=job["device"])
+        fn, a = reduce_tensor(inp)
+        _, b = reduce_tensor(out)
+        torch.cuda.synchronize()
+        handles = pickle.dumps((fn, (a, b)))
+    except Exception as e:
+        traceback.print_exc()
+        print(" ".join(f"err {type(e).__name__}: {e}".split())[:2000], flush=True)
+        return 1
+    print("ready " + handles.hex(), flush=True)
+    for line in sys.stdin:
+        if line.split()[:1] == ["exit"]:
+            break
+    return 0
 
 
 def main() -> int:
@@ -68,7 +107,7 @@ def _serve() -> int:
         if not line.strip():
             continue
         if line.split()[0] == "clean":     # an evaluation is over: its workers' leftovers (daemons included) go;
-            spare = int(line.split()[1]) if len(line.split()) > 1 else None   # "clean PID": all but that worker
+            spare = [int(pid) for pid in line.split()[1:]]    # "clean PID ...": all but those (the fresh worker's)
             sandbox._kill_below(os.getpid(), spare)
             print("clean", flush=True)
             continue
