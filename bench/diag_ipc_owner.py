@@ -95,7 +95,8 @@ def shm(pids: dict[str, int]) -> list[str]:
             st = os.stat(f"/dev/shm/{name}")
         except OSError:
             continue
-        whose = [k for k, pid in pids.items() if pid and (f".{pid:x}." in name or f"_{pid}_" in name)]
+        whose = [k for k, pid in pids.items() if pid and (f".{pid:x}." in name or f".{pid}." in name or
+                                                          f"_{pid}_" in name)]
         rows.append(f"{name} ({'/'.join(whose) or 'other'}, {oct(st.st_mode & 0o777)}, uid {st.st_uid})")
     return rows
 

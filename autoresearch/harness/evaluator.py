@@ -611,6 +611,7 @@ def serve() -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a stop now must not cut the fork server's cleanup short
         zygote.close()
+        remove_owner_files(os.getpid())  # the driver's file of this process, if it made one: exit_now leaves it
     return 0
 
 
@@ -628,6 +629,7 @@ def main(argv: list[str]) -> int:
         _run(req, zygote, go, {})
     finally:
         zygote.close()
+        remove_owner_files(os.getpid())
     return 0
 
 
