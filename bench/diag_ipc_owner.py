@@ -9,7 +9,9 @@ Prints one JSON line per check:
              (`ipc_policy`: of /dev/shm only the owner's files writable) maps them, reads the input and fills the
              output, which this process then reads. ok/fail, the error, and /dev/shm before / during / after
              (each file with the pid it is named for: owner, worker or this process).
-  none       the same with nothing of /dev/shm writable: expected to fail (the mapping needs the owner's file).
+  none       the same with nothing of /dev/shm writable: expected to fail.
+  refcounts_only  the same with only torch's reference counts writable, not the driver's file: expected to fail
+             with "mapping of buffer object failed" if the driver's file is what the mapping needs (issue 27).
   wide       the same with all of /dev/shm writable (the unsafe fix): expected ok; shows what the worker itself
              makes there, i.e. whether an importer needs a file of its own.
   uid_split  (as root) owner and worker as `nobody`, this process root: would let the shared-namespace worker
@@ -106,7 +108,8 @@ def policy_for(job: Path, files: list[str], shm_mode: str) -> dict:
     from autoresearch.harness.evaluator import ipc_policy
     p = sandbox.base_policy()
     p["write"] += [str(job)]
-    p = ipc_policy(p, files if shm_mode == "narrow" else [])
+    keep = {"narrow": files, "refcounts_only": [f for f in files if "/cuda.shm." not in f]}.get(shm_mode, [])
+    p = ipc_policy(p, keep)
     if shm_mode == "wide":
         p["write"].append("/dev/shm")
     return p
@@ -121,9 +124,12 @@ def run_worker(work: Path, job: Path, policy: dict, user: str | None = None) -> 
                         "--", sys.executable, "-I", "-B", "-c", WORKER, str(job)], cwd=str(job), env=env,
                        capture_output=True, text=True, timeout=180, user=user)
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         return {"ok": False, "error": f"rc {r.returncode}: {r.stderr[-600:]}"}
+    if not doc.get("ok"):
+        doc["stderr_tail"] = r.stderr[-600:]
+    return doc
 
 
 def ipc_check(name: str, zygote, work: Path, shm_mode: str) -> dict:
@@ -154,6 +160,9 @@ def ipc_check(name: str, zygote, work: Path, shm_mode: str) -> dict:
     pid = owner.pid
     _retire(zygote, [owner])                  # as the evaluator: close, reap, remove the owner's files
     doc["owner_files_left"] = [n for n in os.listdir("/dev/shm") if f".{pid:x}." in n or f"_{pid}_" in n]
+    if w.get("pid"):                          # what the worker itself made (only "wide" lets it)
+        from autoresearch.harness.evaluator import remove_owner_files
+        doc["worker_files_removed"] = remove_owner_files(w["pid"])
     return doc
 
 
@@ -270,8 +279,8 @@ def main() -> int:
     log = open(work / "zygote.log", "w")
     zygote = Zygote(log)
     try:
-        for name, mode in (("narrow", "narrow"), ("none", "none"), ("wide", "wide")):
-            say(ipc_check(name, zygote, work, mode), results)
+        for mode in ("narrow", "none", "refcounts_only", "wide"):
+            say(ipc_check(mode, zygote, work, mode), results)
         say(uid_split(work), results)
         say(owner_start(zygote), results)
         say(residue(args.residue_gib), results)
