@@ -296,3 +296,57 @@ def test_a_cuda_evaluation_in_the_sandbox_shares_its_buffers_through_cuda_ipc(tm
     assert rec["fresh_max_diff"] == 0 and rec["causal_max_diff"] == 0, rec
     left = {n for n in _shm() - before if n.startswith(("cuda.shm.", "torch_"))}
     assert not left, f"files of the evaluation left in /dev/shm: {sorted(left)}"
+
+
+FAKE_OWNER = r'''
+import os, pickle, sys, torch
+d = sys.argv[1]
+fin = open(os.path.join(d, "to_worker"))
+fout = open(os.path.join(d, "from_worker"), "w")
+pid = os.getpid()
+for name in (f"cuda.shm.0.{pid:x}.1", f"torch_{pid}_7_0"):     # as the driver and torch name theirs
+    open(f"/dev/shm/{name}", "wb").close()
+print("ready " + pickle.dumps((torch.zeros, ((2, 3), (2, 3, 5)))).hex(), file=fout, flush=True)
+for line in fin:
+    if line.split()[:1] == ["exit"]:
+        break
+'''
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
+def test_a_buffer_owners_handles_are_mapped_and_its_files_removed_once_it_is_reaped(tmp_path):
+    """The evaluator's side of a buffer owner (a stand-in process whose "handles" rebuild CPU tensors): its
+    answer is mapped, its files in /dev/shm found by its pid, and, once it is closed and reaped, removed."""
+    import pickle
+    import time
+
+    from autoresearch.harness.evaluator import _retire, _Worker
+
+    class Zygote:                                 # the fork server's two calls, with plain processes
+        procs: dict = {}
+
+        def spawn(self, job):
+            p = subprocess.Popen([sys.executable, "-c", FAKE_OWNER, job["job_dir"]])
+            self.procs[p.pid] = p
+            return p.pid
+
+        def clean(self, spare=()):
+            for pid, p in list(self.procs.items()):
+                if pid not in spare:
+                    p.kill()
+                    p.wait()
+                    del self.procs[pid]
+
+    zygote = Zygote()
+    d = tmp_path / "owner"
+    d.mkdir()
+    owner = _Worker(zygote, d, {"rows": 2}, time.monotonic() + 60, kind="owner")
+    assert zygote.procs[owner.pid].poll() is None
+    pickled = owner.export()
+    assert tuple(owner.inp.shape) == (2, 3) and tuple(owner.out.shape) == (2, 3, 5)
+    fn, args = pickle.loads(pickled)                              # what the worker gets, in its ipc.pkl
+    assert tuple(fn(*args[1]).shape) == (2, 3, 5)
+    assert owner.files == sorted([f"/dev/shm/cuda.shm.0.{owner.pid:x}.1", f"/dev/shm/torch_{owner.pid}_7_0"])
+    _retire(zygote, [owner])
+    assert not zygote.procs and owner.inp is None
+    assert not [f for f in owner.files if os.path.lexists(f)] and not d.exists()
