@@ -27,9 +27,10 @@ Checks, each a rejection with a reason a user can read:
   by random ones, in a shuffled batch; logits before the cut must not change (a model that looks ahead fails);
 - purity: the other rows of that batch, sent again in other positions, must give the same logits (a model
   that learns from what it is shown, or keys on batch position, fails);
-- freshness: a secret sample of rows from every batch scored (hold-out included) is scored again, after the
-  main worker is gone, by a second worker process that was shown nothing else, with batch-mates from other
-  batches; its logits must give the same losses (a model that learns from the evaluation stream, a cache or a
+- freshness: a secret sample of rows from every batch scored (hold-out included) is scored again by a second
+  worker process, started only once the main worker, its buffer owner, every process it left and every file it
+  made in its folder are gone (no socket to connect to, no file to read or stat: the two never run side by
+  side), shown nothing else, with batch-mates from other batches; its logits must give the same losses (a model that learns from the evaluation stream, a cache or a
   memo of what it was shown, fails even when it repeats itself for the purity and causality checks).
 A hold-out slice (validation rows after the evaluated ones) is scored the same way and written only to the
 private file the runner names, never to the record or any log.
@@ -289,13 +290,14 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         go()                                     # the runner: the checkpoint is complete
         t_go = time.monotonic()
         deadline = time.monotonic() + float(req["timeout"])
-        lanes = [(job, B, req["policy"])]        # (folder, rows, policy) of each model worker
-        if req.get("fresh_job_dir"):             # shown nothing until the end: it loads while the main pass runs
+        lanes = [(job, B, req["policy"])]        # (folder, rows, policy) of the main model worker
+        fresh_lane = None                        # the fresh one's: started once the main one is gone
+        if req.get("fresh_job_dir"):
             fresh_dir = Path(req["fresh_job_dir"])
             fresh_dir.mkdir(exist_ok=True)
             from .sandbox import give_to_sandbox
             give_to_sandbox(fresh_dir)
-            lanes.append((fresh_dir, min(B, int(req.get("fresh_rows") or B)), req["fresh_policy"]))
+            fresh_lane = (fresh_dir, min(B, int(req.get("fresh_rows") or B)), req["fresh_policy"])
         for transfer in (["ipc", "host"] if device.type == "cuda" else ["host"]):
             record["transfer"] = transfer
             try:
@@ -312,11 +314,11 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
                 record["transfer_note"] = " ".join(str(e).split())[:300]
                 _retire(zygote, started)
                 started.clear()
-        worker, fresh = workers[0], workers[1] if len(workers) > 1 else None
+        worker = workers[0]
         token_bytes = token_bytes.to(device)
         secret = secrets.SystemRandom()
         check_at = secret.randrange(len(batches))
-        sample = _fresh_sample(secret, len(batches) + len(held), B, fresh.inp.size(0)) if fresh else {}
+        sample = _fresh_sample(secret, len(batches) + len(held), B, fresh_lane[1]) if fresh_lane else {}
         nats, nbytes = _score(worker, batches, token_bytes, record["eval_tokens"], device,
                               check=(check_at, secret, req, record), keep=sample)
         if nbytes == 0:
@@ -329,11 +331,20 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         if held:
             hn, hb = _score(worker, held, token_bytes, holdout, device, keep=sample, first=len(batches))
             private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
-        if fresh is not None:                    # the main worker and its owner gone, with every process it left
-            keep = [p for p in (fresh, fresh.owner) if p is not None]   # (only the fresh worker's are spared),
-            _retire(zygote, [p for p in started if p not in keep], spare=keep)   # before the fresh one is shown
-            started[:] = keep                                                    # anything
+        if fresh_lane is not None:   # the main worker, its owner, every process it left and every file it made
+            _retire(zygote, started)     # in its folder are gone before the fresh one starts: nothing of it is
+            started.clear()              # there to connect to, stat or read (eval.log stays, for the runner)
+            _clear_folder(job, keep=("eval.log",))
+            t_fresh = time.monotonic()
+            try:
+                fresh = _start(req, zygote, deadline, [fresh_lane], V, record["transfer"], started)[0]
+            except _NoIPC as e:          # its owner failed: the host, as for the main worker
+                record["transfer_note"] = " ".join(f"fresh worker: {e}".split())[:300]
+                _retire(zygote, started)
+                started.clear()
+                fresh = _start(req, zygote, deadline, [fresh_lane], V, "host", started)[0]
             _check_fresh(fresh, batches + held, sample, secret, device, req, record)
+            record["fresh_seconds"] = round(time.monotonic() - t_fresh, 3)
         record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
     except Rejected as e:
         record.update(val_bpb=None, rejected=str(e))
@@ -388,6 +399,17 @@ def _start(req: dict, zygote: Zygote, deadline: float, lanes: list, V: int, tran
         w.send("go")
         workers.append(w)
     return workers
+
+
+def _clear_folder(d: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove everything in a retired worker's folder but `keep`."""
+    for p in d.iterdir():
+        if p.name in keep:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _retire(zygote: Zygote, procs: list[_Worker], spare: list[_Worker] = ()) -> None:
