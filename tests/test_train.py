@@ -230,3 +230,18 @@ def test_cpu_profile_trains_with_the_mfu_knobs_on(tmp_path, tiny_dataset):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = summary_of(proc.stdout)
     assert int(s["num_steps"]) > 2 and (ckpt / checkpoint.MODEL_JSON).exists()
+
+
+def test_the_compile_warm_up_leaves_no_trace():
+    """The warm-up before the first batch (random tokens, to compile off the window) puts the weights back and
+    forgets every optimizer step: a run cannot train on it."""
+    t = load_train()
+    cfg = t.make_config(2048, 64, "cpu")
+    model = t.build_model(cfg, torch.device("cpu"))
+    model.set_attention("math", "cpu")
+    opt = t.MuonAdamW(model, lr_mult=1.0, compile_update=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    t.warm_up(model, model, opt, 2, 4, 64, cfg.vocab_size, "math", torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert not opt.adam.state and all(float(b.abs().sum()) == 0 for b in opt.buffers.values())
+    assert all(p.grad is None for p in model.parameters())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The evaluator's CUDA IPC through buffer owners and the feed's clock on one GPU host, in two calls from the repo
+# root (each under 10 minutes):
+#   bash bench/gpu_issue27.sh 1   # install; GPU tests and IPC diagnostics as root and as a normal user; a root run
+#   bash bench/gpu_issue27.sh 2   # a normal user's run with the 30-s scripted agent; the trust path's diagnostic
+# Runs are `ar run` with two slots on GPU 0 (bench/gpu_loop.sh), 30-s budgets; tables by bench/loop_gaps.py.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; chmod 777 "$OUT"
+t0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+id bench >/dev/null 2>&1 || useradd -m bench
+chmod -R a+rX "$PWD"
+as_user() { runuser -u bench -- env HOME=/home/bench PYTHONUNBUFFERED=1 "$@"; }
+if [[ ${1:-1} == 1 ]]; then
+  for who in root bench; do
+    echo "== GPU tests as $who"
+    run=(); [[ $who == bench ]] && run=(as_user)
+    timeout 150 "${run[@]}" python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs -m gpu \
+        --basetemp=/tmp/pt-$who tests/test_evaluate.py -k cuda_ipc 2>&1 | tail -6
+    echo "== IPC owner diagnostic as $who"
+    timeout 100 "${run[@]}" python3 bench/diag_ipc_owner.py --out "$OUT/ipc_owner_$who.json" 2>&1 | cut -c1-600 | tail -12
+  done
+  echo "tests + diagnostics: $(( $(date +%s) - t0 )) s"
+  SKIP_INSTALL=1 RUNS="root:0,0:strategy:3:30:230" bash bench/gpu_loop.sh
+else
+  SKIP_INSTALL=1 RUNS="user:0,0:agent30:4:30:330" DIAG=2 DIAG_LIMIT=100 bash bench/gpu_loop.sh
+fi
+echo "call total: $(( $(date +%s) - t0 )) s"
