@@ -12,7 +12,12 @@ gets them) looks for it everywhere it can read, at every path worker 1 wrote. Th
 /dev/shm writable (the fix that makes CUDA IPC work by opening /dev/shm): there the marker reaches worker 2.
 
 Each scenario runs in a private /dev/shm (a mount namespace of its own), so that the control's worker cannot
-touch another process's shared memory on this machine."""
+touch another process's shared memory on this machine.
+
+Below, the channels that reached the fresh re-scorer while it ran beside the main worker (a UNIX socket file in
+the main worker's folder, a stat of a file there, UDP on localhost): the real evaluator starts the fresh worker
+only once the main one, what it left and what it made are gone, and the fresh worker reaches none of them; the
+control runs the same two workers side by side (the evaluator's own `_start`), and there they are reached."""
 
 from __future__ import annotations
 
@@ -317,6 +322,161 @@ def test_no_byte_a_model_worker_writes_reaches_a_later_one_and_the_control_leaks
     assert [p for p in c1["created"] if p.startswith("/dev/shm/")], c1
     leaked = [p for p in c2["hits"] if p.startswith("/dev/shm/")]
     assert leaked, f"the control did not leak: the test cannot fail ({c2})"
+
+
+
+# ---- the fresh re-scorer starts only once the main worker and all it made are gone --------------------------
+# The hostile model of tests/fixtures/memo_channels.py opens three channels in whichever worker runs it first
+# (a UNIX socket file in its folder served by a daemon it forks, a file whose size is a number, UDP on
+# 127.0.0.1) and tries to reach them from a later one; each worker says in its eval.log what it opened and
+# reached. Two sandbox policies: the runner's CPU one ("own namespaces": each worker its own IPC, mount and
+# network namespaces) and the GPU's ("shared namespaces": the model worker of CUDA IPC, `ipc_policy`, in the
+# evaluator's namespaces, where localhost is one for all), here with host buffers.
+MEMO_MODEL = Path(__file__).parent / "fixtures" / "memo_channels.py"
+POLICIES = ("own namespaces", "shared namespaces")
+EVALUATOR = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.evaluator"]     # one request, then "go"
+
+
+def _memo_workspace(tmp_path: Path, policies: str) -> dict:
+    """A workspace as the runner lays it out, the hostile model's checkpoint, the runner's worker policies."""
+    import socket
+
+    import numpy as np
+
+    from autoresearch.experiment.evaluate import fresh_job, worker_policy
+    from autoresearch.experiment.execute import Workspace
+    from autoresearch.harness import checkpoint
+    from autoresearch.harness.evaluator import ipc_policy
+    os.chmod(tmp_path, 0o755)
+    ws = Workspace.at(tmp_path / "ws")
+    for d in (ws.src, ws.job):
+        d.mkdir(parents=True)
+    (ws.src / "models.py").write_text(MEMO_MODEL.read_text())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # a port free now: the model's fixed port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    size = 4096 + secrets.randbelow(1 << 20)                        # the number a file's size says
+    checkpoint.save(ws.checkpoint, factory="channels", arrays={"bias": np.array([0.5, 1.0, -1.0, 2.0], np.float32)},
+                    config={"vocab": 4, "port": port, "size": size, "linger": 0.05})   # 50 ms a forward, once open
+    fresh = fresh_job(ws)
+    policy, fresh_policy = worker_policy(ws), worker_policy(ws, fresh)
+    if policies == "shared namespaces":
+        policy, fresh_policy = ipc_policy(policy, []), ipc_policy(fresh_policy, [])
+    sandbox.give_to_sandbox(ws.src, ws.checkpoint, ws.job)
+    return {"ws": ws, "fresh": fresh, "policy": policy, "fresh_policy": fresh_policy, "size": size, "port": port}
+
+
+def _shares_localhost(policies: str) -> bool:
+    """Whether the two workers share a network namespace (else each its own, whose loopback is down)."""
+    return policies == "shared namespaces" or sandbox.isolation()[0] != "namespaces"
+
+
+def _logs(*paths: Path, evaluator: str = "") -> str:
+    out = [f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in paths if p.exists()]
+    return "\n".join(out + ([f"--- the evaluator's stderr\n{evaluator[-3000:]}"] if evaluator else []))
+
+
+def _said(log: Path) -> dict[str, list[dict]]:
+    """The model's `memo-channel` lines of an eval.log, by what they say (reached, opened, selfcheck)."""
+    out: dict[str, list[dict]] = {}
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if line.startswith("memo-channel "):
+            doc = json.loads(line[len("memo-channel "):])
+            out.setdefault(doc["what"], []).append(doc)
+    return out
+
+
+def _assert_opened(main: dict, policies: str, log: str) -> None:
+    """The main worker opened every channel it could and reached each through itself: the attack is live."""
+    assert len(main.get("opened", [])) == 1 and len(main.get("selfcheck", [])) == 1, log
+    opened, check = main["opened"][0], main["selfcheck"][0]
+    assert opened == {**opened, "socket": "ok", "size": "ok", "udp": "ok"}, log      # bound, written, bound
+    assert check["connections"] == 1 and check["sizes"] == 1, log
+    if _shares_localhost(policies):
+        assert check["datagrams"] == 1, log
+    else:          # a network namespace of its own, whose loopback is down: 127.0.0.1 binds, but nothing gets
+        assert check["datagrams"] == 0 and "unreachable" in check["why"]["udp"], log     # there, not even its own
+
+
+@pytest.mark.parametrize("policies", POLICIES)
+def test_the_fresh_worker_reaches_no_socket_file_size_or_udp_port_the_main_worker_opened(tmp_path, policies):
+    """The real evaluator (one request, the real sandbox, the fresh re-score): the main worker opens the three
+    channels and checks them itself; the fresh worker, started once the main one, its daemon and its files are
+    gone, reaches none of them: connections made 0, sizes read 0, datagrams 0."""
+    from autoresearch.harness.evaluator import manifest
+    from test_evaluate import T, handmade
+    m = _memo_workspace(tmp_path, policies)
+    ws, tok = m["ws"], handmade(tmp_path, [0, 1, 2, 3], seed=1)
+    req = {"tok_dir": str(tok), "dataset": "hand", "seq_len": T, "eval_tokens": 16 * 4 * T, "holdout_tokens": 0,
+           "rows": 4, "device": "cpu", "manifest": manifest(tok), "checkpoint": str(ws.checkpoint),
+           "source": str(ws.src), "train_file": "models.py", "job_dir": str(ws.job),
+           "record": str(ws.root / "record.json"), "private": str(ws.root / "private.json"), "timeout": 120,
+           "sandbox": True, "policy": m["policy"], "tolerance": 1e-3, "fresh_job_dir": str(m["fresh"]),
+           "fresh_policy": m["fresh_policy"], "fresh_rows": 4}
+    (tmp_path / "request.json").write_text(json.dumps(req))
+    r = subprocess.run(EVALUATOR + [str(tmp_path / "request.json")], input="go\n", capture_output=True, text=True,
+                       cwd="/", timeout=180)
+    logs = _logs(ws.job / "eval.log", m["fresh"] / "eval.log", evaluator=r.stderr)
+    assert r.returncode == 0, logs
+    rec = json.loads(Path(req["record"]).read_text())
+    assert rec["rejected"] is None and rec.get("error") is None and rec["fresh_max_diff"] == 0, (rec, logs)
+    assert rec["transfer"] == "host", rec
+
+    main, fresh = _said(ws.job / "eval.log"), _said(m["fresh"] / "eval.log")
+    _assert_opened(main, policies, logs)
+    assert len(fresh.get("reached", [])) == 1, logs                 # the fresh worker ran the model and tried
+    tried = fresh["reached"][0]
+    assert tried["folders"] == [str(ws.job)], logs                   # at the main worker's folder
+    reached = {k: tried[k] for k in ("connections", "sizes", "datagrams")}
+    assert reached == {"connections": 0, "sizes": 0, "datagrams": 0}, logs
+    assert set(tried["why"]) == {"socket", "size", "udp"}, logs      # each failed, and why: the files were gone
+    assert "FileNotFoundError" in tried["why"]["socket"] and "FileNotFoundError" in tried["why"]["size"], logs
+    assert sorted(p.name for p in ws.job.iterdir()) == ["eval.log"], logs   # nothing else of it was left
+
+
+@pytest.mark.parametrize("policies", POLICIES)
+def test_control_workers_side_by_side_do_reach_the_main_workers_channels(tmp_path, policies):
+    """The control (the test above can fail): the same model, workspace and policies, in the evaluator's own
+    workers (its fork server, `_start`, `_call`), but both workers started at once, as before the fresh one
+    waited for the main one to be gone. The main worker scores a batch first; the fresh one, beside it, then
+    reaches its socket file and its file's size (and, in shared namespaces, its UDP port)."""
+    import time
+
+    import torch
+
+    from autoresearch.harness.evaluator import Zygote, _call, _retire, _start
+    from test_evaluate import T
+    m = _memo_workspace(tmp_path, policies)
+    ws = m["ws"]
+    m["fresh"].mkdir()
+    sandbox.give_to_sandbox(m["fresh"])
+    req = {"seq_len": T, "checkpoint": str(ws.checkpoint), "source": str(ws.src), "train_file": "models.py",
+           "sandbox": True, "device": "cpu"}
+    lanes = [(ws.job, 4, m["policy"]), (m["fresh"], 4, m["fresh_policy"])]
+    started: list = []
+    with open(tmp_path / "zygote.log", "w") as zlog:
+        zygote = Zygote(zlog)
+        try:
+            workers = _start(req, zygote, time.monotonic() + 120, lanes, 4, "host", started)
+            for w in workers:
+                w.expect("ready")
+            x = torch.randint(0, 4, (4, T))
+            _call(workers[0], x)                 # the main worker's first batch: it opens the channels
+            _call(workers[1], x)                 # the fresh worker's, the main one still running
+        finally:
+            _retire(zygote, started)
+            zygote.close()
+    logs = _logs(ws.job / "eval.log", m["fresh"] / "eval.log", tmp_path / "zygote.log")
+    main, fresh = _said(ws.job / "eval.log"), _said(m["fresh"] / "eval.log")
+    _assert_opened(main, policies, logs)
+    assert len(fresh.get("reached", [])) == 1, logs
+    tried = fresh["reached"][0]
+    assert tried["folders"] == [str(ws.job)], logs
+    assert tried["connections"] >= 1 and tried["sizes"] >= 1, logs  # the channels the evaluator now closes
+    if _shares_localhost(policies):
+        assert tried["datagrams"] >= 1, logs
+    else:                                                            # cut by the network namespaces anyway
+        assert tried["datagrams"] == 0, logs
 
 
 if __name__ == "__main__":                       # one scenario, in a process of its own (see _run)
