@@ -633,11 +633,13 @@ def warm_up(model, step_model, optimizer, steps: int, device_batch: int, seq_len
     if steps <= 0:
         return
     saved = [p.detach().clone() for p in model.parameters()]
-    data = torch.randint(0, vocab, (device_batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
-    data = data.to(device)
+    # laid out as the loader's batches are (x and y side by side in one buffer): the same strides, so the
+    # compiled graph is the one the real steps use (a sliced row would compile a second one in the window)
+    buf = torch.randint(0, vocab, (2, device_batch, seq_len), generator=torch.Generator().manual_seed(0)).to(device)
+    x, y = buf[0], buf[1]
     for _ in range(steps):
         with autocast(device.type), attention_context(attention):
-            loss = step_model(data[:, :-1], data[:, 1:])
+            loss = step_model(x, y)
         loss.backward()
         optimizer.step(0.0, muon_momentum(0))
         optimizer.zero_grad()

@@ -12,11 +12,10 @@ python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | 
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
 id bench >/dev/null 2>&1 || useradd -m bench
 chmod -R a+rX "$PWD"
-as_user() { runuser -u bench -- env HOME=/home/bench PYTHONUNBUFFERED=1 "$@"; }
 if [[ ${1:-1} == 1 ]]; then
   for who in root bench; do
     echo "== GPU tests as $who"
-    run=(); [[ $who == bench ]] && run=(as_user)
+    run=(env); [[ $who == bench ]] && run=(runuser -u bench -- env HOME=/home/bench PYTHONUNBUFFERED=1)
     timeout 150 "${run[@]}" python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs -m gpu \
         --basetemp=/tmp/pt-$who tests/test_evaluate.py -k cuda_ipc 2>&1 | tail -6
     echo "== IPC owner diagnostic as $who"
@@ -25,6 +24,8 @@ if [[ ${1:-1} == 1 ]]; then
   echo "tests + diagnostics: $(( $(date +%s) - t0 )) s"
   SKIP_INSTALL=1 RUNS="root:0,0:strategy:3:30:230" bash bench/gpu_loop.sh
 else
-  SKIP_INSTALL=1 RUNS="user:0,0:agent30:4:30:330" DIAG=2 DIAG_LIMIT=100 bash bench/gpu_loop.sh
+  timeout 90 runuser -u bench -- env HOME=/home/bench python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs \
+      -m gpu --basetemp=/tmp/pt-bench tests/test_evaluate.py -k cuda_ipc 2>&1 | tail -2
+  SKIP_INSTALL=1 RUNS="${RUNS:-root:0,0:strategy:3:30:200 user:0,0:agent30:4:30:300}" bash bench/gpu_loop.sh
 fi
 echo "call total: $(( $(date +%s) - t0 )) s"

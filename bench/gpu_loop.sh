@@ -54,7 +54,8 @@ PY
   echo "== $tag: $run, ${budget}-s budget: ar run took $(( $(date +%s) - start )) s"
   tail -3 "$OUT/$tag.log"
   python3 "$REPO/bench/loop_gaps.py" "$ws/runs/$tag" --json "$OUT/$tag.json" | tee "$OUT/$tag.md"
-  grep -h "step 0000[12] \|model:" "$ws"/runs/$tag/0001-*/train.log | head -3
+  grep -h "model:" "$ws"/runs/$tag/0001-*/train.log | head -1
+  for f in "$ws"/runs/$tag/0*/train.log; do grep -h "step 0000[12] " "$f" | cut -c1-90; done
   for f in "$ws"/runs/$tag/0*/train.log; do       # a failed run's last lines, to see why
     grep -q "^training_seconds" "$f" || { echo "-- $f"; grep -v "^step" "$f" | tail -8; }
   done

@@ -34,7 +34,10 @@ def load(tag_dir: Path) -> list[dict]:
         m = t.parent / "metrics.json"
         d["metrics"] = json.loads(m.read_text()) if m.exists() else {}
         rec = t.parent / "record.json"
-        d["transfer"] = json.loads(rec.read_text()).get("transfer") if rec.exists() else None
+        record = json.loads(rec.read_text()) if rec.exists() else {}
+        d["transfer"] = record.get("transfer")
+        d["eval_after_go"] = (record.get("seconds") or {}).get("after_go")
+        d["fresh_seconds"] = record.get("fresh_seconds")
         out.append(d)
     return out
 
@@ -81,7 +84,9 @@ def table(tag_dir: Path) -> dict:
                "window_share": [d["metrics"]["window_seconds"] / budget(d) for d in exps
                                 if d["metrics"].get("window_seconds") is not None and budget(d)],
                "startup_cpu": [d["metrics"].get("startup_cpu") for d in exps],
-               "transfer": [d.get("transfer") for d in exps]}
+               "transfer": [d.get("transfer") for d in exps],
+               "eval_after_go": [d.get("eval_after_go") for d in exps],
+               "fresh_seconds": [d.get("fresh_seconds") for d in exps]}
     if summary["median_gap"] is not None:
         summary["experiments_per_hour_at_300s"] = 3600 / (300 + summary["median_gap"])
     lines.append("")
@@ -91,7 +96,9 @@ def table(tag_dir: Path) -> dict:
                  + ", ".join(f"{k} {v:.1f}" for k, v in summary["phase_medians"].items()))
     if summary["window_share"]:
         lines.append(f"windows: {min(summary['window_share']):.2%} to {max(summary['window_share']):.2%} of the "
-                     f"budget; evaluator transfer: {', '.join(str(t) for t in summary['transfer'])}")
+                     f"budget; evaluator transfer: {', '.join(str(t) for t in summary['transfer'])}; evaluator "
+                     f"seconds after go: {summary['eval_after_go']} (of which the fresh re-score "
+                     f"{summary['fresh_seconds']})")
     summary["table"] = "\n".join(lines)
     return summary
 

@@ -300,8 +300,13 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
             fresh_lane = (fresh_dir, min(B, int(req.get("fresh_rows") or B)), req["fresh_policy"])
         for transfer in (["ipc", "host"] if device.type == "cuda" else ["host"]):
             record["transfer"] = transfer
+            # with CUDA IPC the fresh worker starts now too (its CUDA context and mapping take a while), but does
+            # only trusted work until its "go"; it may write nothing but its own /proc entries, its folder and
+            # its owner's files, so the main worker has nothing of it to reach. On the host it starts later
+            prestart = fresh_lane is not None and transfer == "ipc"
             try:
-                workers = _start(req, zygote, deadline, lanes, V, transfer, started)
+                workers = _start(req, zygote, deadline, lanes + ([fresh_lane] if prestart else []), V, transfer,
+                                 started, go=1)
                 workers[0].expect("ready")
                 break
             except (Rejected, _NoIPC) as e:
@@ -314,7 +319,7 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
                 record["transfer_note"] = " ".join(str(e).split())[:300]
                 _retire(zygote, started)
                 started.clear()
-        worker = workers[0]
+        worker, fresh = workers[0], workers[1] if prestart else None
         token_bytes = token_bytes.to(device)
         secret = secrets.SystemRandom()
         check_at = secret.randrange(len(batches))
@@ -332,17 +337,16 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
             hn, hb = _score(worker, held, token_bytes, holdout, device, keep=sample, first=len(batches))
             private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
         if fresh_lane is not None:   # the main worker, its owner, every process it left and every file it made
-            _retire(zygote, started)     # in its folder are gone before the fresh one starts: nothing of it is
-            started.clear()              # there to connect to, stat or read (eval.log stays, for the runner)
+            spare = [p for p in (fresh, fresh and fresh.owner) if p is not None]   # in its folder are gone before
+            mine = [p for p in started if p not in spare]          # the fresh one loads anything of the proposal:
+            _retire(zygote, mine, spare=spare)                     # nothing of it is left to connect to, stat or
+            started[:] = spare                                     # read (eval.log stays, for the runner)
             _clear_folder(job, keep=("eval.log",))
             t_fresh = time.monotonic()
-            try:
+            if fresh is None:
                 fresh = _start(req, zygote, deadline, [fresh_lane], V, record["transfer"], started)[0]
-            except _NoIPC as e:          # its owner failed: the host, as for the main worker
-                record["transfer_note"] = " ".join(f"fresh worker: {e}".split())[:300]
-                _retire(zygote, started)
-                started.clear()
-                fresh = _start(req, zygote, deadline, [fresh_lane], V, "host", started)[0]
+            else:
+                fresh.send("go")
             _check_fresh(fresh, batches + held, sample, secret, device, req, record)
             record["fresh_seconds"] = round(time.monotonic() - t_fresh, 3)
         record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
@@ -362,7 +366,7 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
 
 
 def _start(req: dict, zygote: Zygote, deadline: float, lanes: list, V: int, transfer: str,
-           started: list) -> list[_Worker]:
+           started: list, go: int | None = None) -> list[_Worker]:
     """A model worker per lane (folder, rows, policy), each told "go" (it loads the model) once its buffers exist:
     with "ipc", made by a buffer owner of its own (every owner starts at once; a worker starts once its owner
     has exported them, since its policy names the owner's files), with "host", files in its folder. Every child
@@ -396,7 +400,8 @@ def _start(req: dict, zygote: Zygote, deadline: float, lanes: list, V: int, tran
                                 "env": env}, deadline)
         started.append(w)
         w.inp, w.out, w.owner = inp, out, owner
-        w.send("go")
+        if go is None or i < go:        # the first `go` lanes load the model now, the others when told "go"
+            w.send("go")
         workers.append(w)
     return workers
 

@@ -2,8 +2,8 @@
 
 Runs in a child of the zygote (zygote.py), inside the sandbox, in a fresh process for every evaluation.
 
-Loads the proposal's train file by path (not as __main__), builds the model with the checkpoint's factory,
-loads its weights, then answers the evaluator over stdin/stdout, one line each way:
+Maps the buffers first (trusted work only), then waits for "go"; then loads the proposal's train file by path
+(not as __main__), builds the model with the checkpoint's factory, loads its weights, and answers the evaluator over stdin/stdout, one line each way:
     evaluator: "run N"  -> the worker reads N rows of token ids from the shared input buffer, writes the logits
                            [N, T, V] into the shared output buffer, answers "ok" (or "err MESSAGE")
     evaluator: "exit"
@@ -46,21 +46,11 @@ def main(job_dir: str) -> int:
         from safetensors.torch import load_model
 
         from . import checkpoint
-        if sys.stdin.readline().strip() != "go":  # "go": the checkpoint is complete and the buffers exist
-            return 0
+        # before "go", only trusted work: the job, the buffers, the CUDA context (a fresh worker does this while
+        # the main one still runs; nothing of the proposal is loaded until "go")
         job = json.loads((Path(job_dir) / "job.json").read_text())
         B, T, V = job["rows"], job["seq_len"], job["vocab"]
-        meta = checkpoint.read_meta(Path(job["checkpoint"]))
-        source = Path(job["source"])
-        sys.path.insert(0, str(source))
-        module = _load_module(source / job["train_file"])
-        factory = getattr(module, meta["factory"], None)
-        if not callable(factory):
-            raise ValueError(f"{job['train_file']} has no function {meta['factory']}() (named by the checkpoint)")
         device = torch.device(job["device"])
-        model = factory(dict(meta["config"]))
-        load_model(model, str(Path(job["checkpoint"]) / checkpoint.WEIGHTS), strict=True)
-        model = model.to(device).eval()
         if job.get("transfer") == "ipc":
             try:
                 fn, args = pickle.loads((Path(job_dir) / "ipc.pkl").read_bytes())
@@ -70,6 +60,18 @@ def main(job_dir: str) -> int:
         else:
             inp = torch.from_file(str(Path(job_dir) / "in.bin"), shared=True, size=B * T, dtype=torch.int64)
             out = torch.from_file(str(Path(job_dir) / "out.bin"), shared=True, size=B * T * V, dtype=torch.float32)
+        if sys.stdin.readline().strip() != "go":  # "go": the checkpoint is complete (and, for a fresh worker,
+            return 0                              # the main one is gone)
+        meta = checkpoint.read_meta(Path(job["checkpoint"]))
+        source = Path(job["source"])
+        sys.path.insert(0, str(source))
+        module = _load_module(source / job["train_file"])
+        factory = getattr(module, meta["factory"], None)
+        if not callable(factory):
+            raise ValueError(f"{job['train_file']} has no function {meta['factory']}() (named by the checkpoint)")
+        model = factory(dict(meta["config"]))
+        load_model(model, str(Path(job["checkpoint"]) / checkpoint.WEIGHTS), strict=True)
+        model = model.to(device).eval()
         inp, out = inp.view(B, T), out.view(B, T, V)
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
             "cpu", enabled=False)

@@ -9,8 +9,8 @@ environment, closes every inherited descriptor, connects to the evaluator throug
 (`to_worker`, `from_worker`) and runs worker.main. It answers "pid N" for each job. No process that ran one
 proposal's code serves another: each child exits after its job, and the zygote (a child subreaper) kills and
 reaps whatever a child left behind when the evaluator says "clean" or "clean PID ..." (all but those pids and
-what is below them; after every evaluation, whose two workers, the main one and the fresh one, run side by
-side; it answers "clean").
+what is below them: the main worker's, before the fresh one loads the proposal; then everything, after every
+evaluation; it answers "clean").
 
 A job {"owner": true, "job_dir", "rows", "seq_len", "vocab", "device"} is a model worker's buffer owner on a GPU
 (`owner`): trusted, not sandboxed, in the zygote's environment, its stderr the evaluator's log, its FIFOs in a
