@@ -350,3 +350,14 @@ def test_a_buffer_owners_handles_are_mapped_and_its_files_removed_once_it_is_rea
     _retire(zygote, [owner])
     assert not zygote.procs and owner.inp is None
     assert not [f for f in owner.files if os.path.lexists(f)] and not d.exists()
+
+
+def test_a_gpu_evaluation_that_fell_back_to_the_host_says_so_in_the_row():
+    from types import SimpleNamespace
+    from autoresearch.experiment.settle import _slow_transfer
+    fell_back = SimpleNamespace(verdict=SimpleNamespace(record={
+        "transfer": "host", "transfer_note": "CUDA IPC: CUDA error: mapping of buffer object failed"}))
+    assert "fell back to host transfer" in _slow_transfer(fell_back)
+    assert "mapping of buffer object failed" in _slow_transfer(fell_back)
+    for rec in ({"transfer": "ipc"}, {"transfer": "host"}, {}):     # IPC, or the CPU's host transfer: nothing said
+        assert _slow_transfer(SimpleNamespace(verdict=SimpleNamespace(record=rec))) is None

@@ -136,12 +136,23 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
         late = x.outcome.window_note if x.outcome is not None else None
         if late:
             reason = f"{reason}; {late}"
+    slow = _slow_transfer(x)
+    if slow:
+        reason = f"{reason}; {slow}"
     faults.point("decide")
     if status is Status.KEEP:
         lp.best_sha = x.sha
     lp.git.reset_hard(lp.best_sha)   # inline: HEAD is there already when kept; from a slot: the branch moves
     faults.point("revert")
     return record_as(lp, x, status, m=m, reason=reason)                                 # 8, 9
+
+
+def _slow_transfer(x: Experiment) -> str | None:
+    """A GPU evaluation whose logits came through the host (CUDA IPC failed): said, with why, in the row."""
+    rec = x.verdict.record if x.verdict is not None else {}
+    if rec.get("transfer") != "host" or not rec.get("transfer_note"):
+        return None
+    return f"the evaluation fell back to host transfer, much slower ({rec['transfer_note'][:160]})"
 
 
 THROUGHPUT_RATIO = 1.5   # a would-be best that ran this much faster or slower than the best, same model: confirm it
