@@ -4,22 +4,22 @@
 # start-up slowed by the load must cost no window. From the repo root, with ar installed:
 #   HOGS=1 N=5 BUDGET=20 bash bench/bench_clock_cpu.sh
 set -euo pipefail
-REPO=$PWD
+REPO=$PWD; PY=${PY:-python3}
 WS=${WS:-/tmp/bench-clock}; N=${N:-5}; HOGS=${HOGS:-1}; BUDGET=${BUDGET:-20}
 rm -rf "$WS"
-python3 -m autoresearch init "$WS" >/dev/null
+"$PY" -m autoresearch init "$WS" >/dev/null
 cd "$WS"
-python3 -m autoresearch prepare builtin >/dev/null 2>&1 || true      # data first: its time is not the runs'
+"$PY" -m autoresearch prepare builtin >/dev/null 2>&1 || true      # data first: its time is not the runs'
 pids=()
-for _ in $(seq "$HOGS"); do python3 -c "while True: pass" & pids+=($!); done
+for _ in $(seq "$HOGS"); do "$PY" -c "while True: pass" & pids+=($!); done
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-date -u; nproc; python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+date -u; nproc; "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 start=$(date +%s)
-python3 -m autoresearch run --tag clock --max-experiments "$N" --time-budget "$BUDGET" --calibrate-noise 0 2>&1 \
+"$PY" -m autoresearch run --tag clock --max-experiments "$N" --time-budget "$BUDGET" --calibrate-noise 0 2>&1 \
     | grep -E "^[0-9]{4} " || true
 echo "ar run: $(( $(date +%s) - start )) s with $HOGS busy process(es) beside it"
-python3 "$REPO/bench/loop_gaps.py" runs/clock
-python3 - <<'PY'
+"$PY" "$REPO/bench/loop_gaps.py" runs/clock
+"$PY" - <<'PY'
 import json, pathlib
 for m in sorted(pathlib.Path("runs/clock").glob("0*/metrics.json")):
     d = json.loads(m.read_text())
