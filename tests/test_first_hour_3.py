@@ -1,0 +1,70 @@
+"""Regression tests for the first hour, third round (issue 30): a tag pinned to the data it was scored on and a
+split key that outlives the cache; experiments cut off by a stop (or failed outside the proposal) run again; one
+tag rule for every command; a sweep refused before its plan; `ar eval`'s hint; bare `ar` into a pipe; `ar
+report --all`'s numbers and order; a baseline never given up; the friction list."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoresearch.harness import data
+from autoresearch.ledger import Status, read_results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def ar(*args, cwd, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch):
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def small_text(folder: Path, n: int = 60, start: int = 0) -> Path:
+    """n short documents of real text (a few hundred characters each): a dataset that prepares in a second."""
+    import sysconfig
+    folder.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    pieces = [p for f in sorted(stdlib.glob("*.py"))[:40] for p in data.split_long(f.read_text(errors="replace"), 600)]
+    for i, piece in enumerate(pieces[start:start + n]):
+        (folder / f"doc_{i:04d}.txt").write_text(piece)
+    return folder
+
+
+# ------------------------------------------------------------------ 1. the split key and the tag's data
+
+def test_the_split_key_lives_outside_the_cache_so_a_rebuilt_cache_splits_the_same(tmp_path, monkeypatch):
+    secret = tmp_path / "state" / "secret"
+    monkeypatch.setenv("AR_SECRET_DIR", str(secret))
+    text = small_text(tmp_path / "text")
+    cache = tmp_path / "cache"
+    first = data.load_meta(data.prepare("files", cache=cache, vocab_size=300, path=text))
+    key = secret / "split.key"
+    assert key.is_file() and key.stat().st_mode & 0o077 == 0 and len(key.read_text().strip()) == 64
+    assert not (cache / ".secret").exists()                              # not in the cache any more
+    tok = data.tokenized_dir(data.dataset_dir(cache, "files"), 300)
+    assert str(secret) in data.hidden_sources(tok)                       # the sandboxes hide it
+    shutil.rmtree(cache)                                                 # rm -rf ~/.cache/autoresearch
+    again = data.load_meta(data.prepare("files", cache=cache, vocab_size=300, path=text))
+    assert again["val"] == first["val"] and again["raw_sha256"] == first["raw_sha256"]
+    # a cache that holds a key of its own (an older ar's, or the tests' empty one) keeps splitting by it
+    (tmp_path / "old" / ".secret").mkdir(parents=True)
+    (tmp_path / "old" / ".secret" / "split.key").write_text("")
+    assert data.split_key(tmp_path / "old") == b"" and data.split_key(cache) == bytes.fromhex(key.read_text())
