@@ -88,8 +88,8 @@ class Tryout(Loop):
         super().__init__(cfg, repo, tag, None, on_event=on_event, baseline=False, command=command)
         self.events = EventLog(self.tag_dir / ".trials" / "events.jsonl")   # not the tag's: `ar status` is the loop's
 
-    def _tag_line(self, tag: str, why_new: str) -> str:
-        return ""
+    def _first_line(self, choice) -> str:
+        return ""      # tryout.run says which tag, and why
 
     def _open_locked(self) -> None:
         self._trust()
@@ -99,6 +99,7 @@ class Tryout(Loop):
         self.ledger = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
         self.trials = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
         self.trials.path = self.tag_dir / TRIALS
+        self._check_data(self.ledger.rows(), pin=False)
         self.noise, _ = self.cfg.noise_threshold(self.tag_dir)
         self.best_sha = self.git.head_sha()
 

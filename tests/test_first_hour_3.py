@@ -68,3 +68,29 @@ def test_the_split_key_lives_outside_the_cache_so_a_rebuilt_cache_splits_the_sam
     (tmp_path / "old" / ".secret").mkdir(parents=True)
     (tmp_path / "old" / ".secret" / "split.key").write_text("")
     assert data.split_key(tmp_path / "old") == b"" and data.split_key(cache) == bytes.fromhex(key.read_text())
+
+
+def test_a_tag_refuses_to_go_on_with_data_other_than_it_was_scored_on(tmp_path, prepared_cache):
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo, write_cfg
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run(max_experiments=1)
+    pinned = json.loads((root / "runs" / "t" / "data.json").read_text())   # recorded with the first result
+    tiny = data.load_meta(data.check_prepared(prepared_cache, "builtin", 2048))
+    assert pinned["dataset"] == tiny["dataset"] and pinned["val"] == tiny["val"], pinned
+    # the cache deleted and prepared again with another key: another validation split
+    (prepared_cache / "builtin").unlink()
+    (prepared_cache / ".secret").mkdir()
+    (prepared_cache / ".secret" / "split.key").write_text("ab" * 32)
+    data.prepare("files", cache=prepared_cache, vocab_size=2048, name="builtin", path=small_text(tmp_path / "t"))
+    results = (root / "runs" / "t" / "results.tsv").read_bytes()
+    conf = write_cfg(tmp_path, time_budget=0.5)
+    for args in (("run", "--tag", "t", "--max-experiments", "1"), ("try", "--tag", "t")):
+        r = ar(*args, "--config", conf, cwd=root)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "tag t was scored on" in r.stderr and "--tag" in r.stderr and "split key" in r.stderr, r.stderr
+        assert f"{pinned['val']['docs']} validation documents" in r.stderr, r.stderr
+    assert (root / "runs" / "t" / "results.tsv").read_bytes() == results        # nothing ran, nothing recorded
+    r = ar("run", "--tag", "fresh", "--config", conf, "--max-experiments", "1", cwd=root)   # the way forward
+    assert r.returncode == 0, r.stdout + r.stderr
