@@ -62,7 +62,7 @@ from .experiment.context import Event, Experiment, SlotContext, write_json
 from .scheduler import Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
-MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
+MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again (the baseline is)
 __all__ = ["Event", "Loop", "Summary"]
 
 
@@ -435,7 +435,11 @@ class Loop:
         for d in self.tag_dir.glob(f"{spec.id:04d}-*"):
             shutil.rmtree(d, ignore_errors=True)
         x = Experiment(spec, parent=self.best_sha, started_at=now_iso(), stage=self.ledger.exp_dir(spec.id, ""))
-        if self.queue.starts(spec.id) >= MAX_STARTS:
+        starts = self.queue.starts(spec.id)
+        if starts >= MAX_STARTS and spec.kind == "baseline":    # every result is measured against it: never given up
+            self.say(f"the baseline was cut short {starts} times (ar was stopped or killed while it ran); it runs "
+                     "again: no experiment of the tag can be decided without it", "warn")
+        elif starts >= MAX_STARTS:
             x.description = spec.payload.get("description") or spec.kind
             why = f"ar stopped during this experiment {MAX_STARTS} times; not run again"
             settle.record_as(self, x, Status.INTERRUPTED, reason=why)

@@ -94,3 +94,100 @@ def test_a_tag_refuses_to_go_on_with_data_other_than_it_was_scored_on(tmp_path, 
     assert (root / "runs" / "t" / "results.tsv").read_bytes() == results        # nothing ran, nothing recorded
     r = ar("run", "--tag", "fresh", "--config", conf, "--max-experiments", "1", cwd=root)   # the way forward
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------ 2. what runs again; 9. the baseline
+
+def _on_step_of(exp_id: int, act):
+    """An on_event that calls act() once, at the first training step of experiment exp_id."""
+    done: list[bool] = []
+
+    def on_event(e):
+        if e.kind == "step" and e.spec is not None and e.spec.id == exp_id and not done:
+            done.append(True)
+            act()
+    return on_event
+
+
+def test_an_experiment_cut_off_by_a_stop_runs_again_once_at_the_next_session(tmp_path, prepared_cache):
+    from autoresearch.proposers.search import StrategyProposer
+    from autoresearch.session import Loop
+    from test_loop import assert_consistent, cfg, make_repo
+
+    root = make_repo(tmp_path)
+    c = cfg(noise=0.002)
+    said: list[str] = []
+    stop = lambda sig: _on_step_of(2, lambda: os.kill(os.getpid(), sig))   # noqa: E731  Ctrl-C, then SIGTERM
+    s = Loop(c, root, "t", StrategyProposer(), on_event=lambda e: (said.append(e.message),
+                                                                    stop(signal.SIGINT)(e))).run(max_experiments=4)
+    assert s.interrupted
+    rows = read_results(s.results)
+    assert [r.status for r in rows] == [Status.KEEP, Status.INTERRUPTED], rows
+    cut = rows[1]
+    assert any("experiment 0002" in m and "runs again" in m for m in said), said
+    said.clear()
+    hook = _on_step_of(3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    s = Loop(c, root, "t", StrategyProposer(), on_event=lambda e: (said.append(e.message), hook(e))).run(
+        max_experiments=1)                                                            # the same commit again ...
+    again = read_results(s.results)[2]
+    assert again.commit == cut.commit and again.status is Status.INTERRUPTED, again   # ... cut off once more
+    assert any("experiment 0003 (the re-run of 0002)" in m and "not run again" in m for m in said), said
+    s = Loop(c, root, "t", StrategyProposer()).run(max_experiments=1)
+    rows = assert_consistent(root)
+    assert len(rows) == 4 and rows[3].commit != cut.commit and rows[3].status in (Status.KEEP, Status.DISCARD), rows
+
+
+def test_a_crash_outside_the_proposal_runs_again_once(tmp_path, prepared_cache):
+    import psutil
+    from autoresearch.session import Loop
+    from test_loop import assert_consistent, cfg, make_repo
+
+    def kill_the_evaluator():
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "autoresearch.harness.evaluator" in " ".join(p.cmdline()):
+                    os.killpg(p.pid, signal.SIGKILL)
+            except (psutil.Error, OSError):
+                pass
+
+    root = make_repo(tmp_path)
+    said: list[str] = []
+    hook = _on_step_of(2, kill_the_evaluator)
+    with Loop(cfg(noise=0.002), root, "t", None, on_event=lambda e: (said.append(e.message), hook(e))) as lp:
+        lp.enqueue_knobs({"LR_MULT": 1.5})
+        lp.run()
+    rows = assert_consistent(root)
+    assert [r.status for r in rows[:2]] == [Status.KEEP, Status.CRASH], rows
+    assert "evaluation failed" in rows[1].reason, rows[1].reason
+    assert len(rows) == 3 and rows[2].knobs["LR_MULT"] == 1.5 and rows[2].status is Status.DISCARD, rows
+    assert any("0002" in m and "outside the proposal" in m and "runs again as experiment 0003" in m
+               for m in said), said
+    # a proposal's own crash is not run again
+    with Loop(cfg(noise=0.002), root, "t", None) as lp:
+        lp.enqueue_knobs({"FAIL_MODE": "crash"})
+        lp.run()
+    rows = assert_consistent(root)
+    assert len(rows) == 4 and rows[3].status is Status.CRASH, rows
+
+
+def test_the_baseline_is_never_given_up(tmp_path, prepared_cache):
+    """kill -9 during the baseline, again and again: the next session runs it again, never a proposal in its
+    place (which would be `first result: … is the baseline`)."""
+    from autoresearch.proposers.search import StrategyProposer
+    from autoresearch.queue import ExperimentQueue
+    from autoresearch.session import MAX_STARTS, Loop
+    from test_loop import assert_consistent, cfg, make_repo
+
+    root = make_repo(tmp_path)
+    q = ExperimentQueue(root / "runs" / "t" / "queue.jsonl")
+    spec = q.add("baseline", {})
+    for _ in range(MAX_STARTS):                         # started, and ar killed with it, MAX_STARTS times
+        q.start(spec.id)
+    said: list[str] = []
+    s = Loop(cfg(noise=0.002), root, "t", StrategyProposer(), on_event=lambda e: said.append(e.message)).run(
+        max_experiments=2)
+    rows = assert_consistent(root)
+    assert len(rows) == 2 and rows[0].status is Status.KEEP, rows
+    assert rows[0].description == "baseline" and rows[0].exp_id == spec.id, rows
+    assert "first result" not in rows[1].reason and not s.failed, rows[1].reason
+    assert any("the baseline" in m and "runs again" in m for m in said), said
