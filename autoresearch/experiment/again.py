@@ -50,7 +50,7 @@ def queue_again(lp, x: Experiment, what: str) -> Spec | None:
         again = lp.queue.add(spec.kind, {**spec.payload, "description": description, "again_of": spec.id})
     elif x.sha and x.sha != x.parent:                 # a proposal or your commit, committed: that commit again
         again = lp.queue.add("commit", {"commit": x.sha, "description": description, "again_of": spec.id})
-        lp.git.keep_ref(lp.tag, again.id, x.sha)      # reachable whatever becomes of the branch meanwhile
+        lp.git.keep_ref(lp.tag, spec.id, x.sha)       # reachable (under the recorded one's ref) until it runs
     else:
         return None                                   # cut off before anything was committed: nothing to run
     when = f" at the next `{command}`" if lp.stopping.is_set() or lp.halted else ""
