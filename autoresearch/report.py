@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import cost
+from . import tags as tags_mod
 from .errors import ArError, ConfigError
 from . import objective
 from .layout import RESULTS, RunsLayout
@@ -42,27 +43,27 @@ class Section:
 
 def find_tags(repo: str | Path) -> list[str]:
     """Tags under runs/ that have a results.tsv, newest first."""
-    found = RunsLayout(Path(repo)).tags_with(RESULTS)
-    found.sort(key=lambda p: (p.stat().st_mtime, p.parent.name), reverse=True)
-    return [p.parent.name for p in found]
+    return tags_mod.newest(Path(repo))
 
 
-def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=None) -> tuple[list[str], list]:
-    """(tags, rows). Nothing to report (no runs/, no such tag, no row yet) is an ArError saying how to get
-    results. A corrupt line of results.tsv is named through `warn` and skipped, as `ar run` and `ar status` do."""
+def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
+         warn=None) -> tuple[list[str], list, "tags_mod.Choice | None"]:
+    """(tags, rows, how the tag was chosen: tags.py's rule; None with --all). Nothing to report (no runs/, no such
+    tag, no row yet) is an ArError saying how to get results. A corrupt line of results.tsv is named through `warn`
+    and skipped, as `ar run` and `ar status` do."""
     from .ledger import read_results
 
     runs = RunsLayout(Path(repo)).runs
     if tag and all_tags:
         raise ConfigError("--tag and --all exclude each other; pass one")
-    if tag:
-        tags = [tag]
+    choice = None
+    if not tag and not find_tags(repo):
+        tags = []
+    elif all_tags:
+        tags = tags_mod.oldest_first(Path(repo), find_tags(repo))   # experiments in the order they ran
     else:
-        tags = find_tags(repo)
-        if not all_tags:
-            tags = tags[:1]
-        else:
-            tags.reverse()  # oldest first: experiments in the order they ran
+        choice = tags_mod.for_reading(Path(repo), tag)
+        tags = [choice.tag]
     if not tags:
         raise ArError(f"no results yet: no {runs}/<tag>/results.tsv; run `ar run` (or `ar sweep FILE`) in this "
                       "repository first")
@@ -71,8 +72,9 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=
         path = RunsLayout(Path(repo)).tag(t).results
         if not path.is_file():
             others = find_tags(repo)
-            raise ArError(f"no results for tag {t!r}: {path} does not exist; "
-                          + (f"tags with results: {', '.join(others)}" if others else
+            ruled = choice is not None and choice.why != "--tag"
+            raise ArError(f"no results for tag {t!r}{f' ({choice.why})' if ruled else ''}: {path} does not exist; "
+                          + (f"tags with results: {', '.join(others)}{' (--tag NAME)' if ruled else ''}" if others else
                              "run `ar run` (or `ar sweep FILE`) first"))
         for r in read_results(path, warn=warn or (lambda msg: None)):
             r.tag = r.tag or t  # upstream's rows have no tag column
@@ -80,7 +82,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=
     if not rows:
         raise ArError(f"no results yet in {', '.join(str(runs / t / 'results.tsv') for t in tags)}: a row is "
                       "written when an experiment finishes (`ar status` shows the one running)")
-    return tags, rows
+    return tags, rows, choice
 
 
 # ---------------------------------------------------------------- pure summaries

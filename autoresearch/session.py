@@ -296,9 +296,7 @@ class Loop:
 
     def _comparable(self) -> dict:
         """What must stay the same for this session's results to compare with the tag's (tags.py)."""
-        return tags.settings(time_budget=self.budget(None), dataset=self.cfg.dataset, profile=self.profile.name,
-                             eval_tokens=self.eval_tokens, sweep=self.command.startswith("ar sweep"),
-                             objective=self.cfg.objective.name if self.cfg.objective.custom else None)
+        return tags.of_config(self.cfg, self.command)
 
     def _first_line(self, choice: tags.Choice) -> str:
         return tags.first_line(self.root, choice.tag, choice.note)

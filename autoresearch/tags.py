@@ -3,11 +3,14 @@
 One rule, for every command (`ar run`, `try`, `eval`, `report`, `status`, `journal`, `serve`; `ar sweep` takes its
 sweep's name), in order:
   1. --tag, when given;
-  2. the tag of the branch you are on (autoresearch/<tag>); a command that runs experiments (`ar run`, `ar try`,
+  2. the tag of the branch you are on (autoresearch/<tag>) — for a command that reads, the running loop's first
+     (the same tag once it has checked out its branch); a command that runs experiments (`ar run`, `ar try`,
      `ar eval`) passes over a sweep's branch and, for `ar run`, a tag whose settings differ from its own;
-  3. else the tag `ar run` would take: today's (nov30), or the first of today-2, today-3, … whose settings match;
-  4. a command that only reads (`report`, `status`, `journal`, `serve`), where that tag has no folder yet: the
-     newest tag that has one (a repository that is no git repository, upstream's runs/, reads so too).
+  3. else today's tag, as `ar run` takes it: today's (nov30), or the first of today-2, today-3, … whose settings
+     match this run's; a command that only reads (`report`, `status`, `journal`, `serve`) does not know the
+     flags `ar run` will get, and takes the latest of today's tags that has results;
+  4. a command that only reads, where today has none: the newest tag with results (a folder that is no git
+     repository, upstream's runs/, reads so too).
 `Choice.why` says which step chose it; every command says it in one line.
 
 A tag's results compare only under the same settings (`settings`: budget, dataset, profile, eval tokens, the
@@ -54,6 +57,16 @@ def settings(*, time_budget: float, dataset: str, profile: str, eval_tokens: int
     return out
 
 
+def of_config(cfg, command: str = "ar run") -> dict:
+    """The comparable settings of a run of `cfg` (a RunConfig): its budget, dataset, profile, eval tokens."""
+    from .harness.env import resolve_profile
+    profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
+    return settings(time_budget=float(cfg.time_budget or profile.time_budget), dataset=cfg.dataset,
+                    profile=profile.name, eval_tokens=cfg.eval_tokens or profile.eval_tokens,
+                    sweep=command.startswith("ar sweep"),
+                    objective=cfg.objective.name if cfg.objective.custom else None)
+
+
 def _meta(root: Path, tag: str) -> dict | None:
     try:
         doc = json.loads(RunsLayout(root).tag(tag).meta.read_text())
@@ -97,6 +110,15 @@ def branch_tag(root: Path) -> str | None:
     return branch[len(prefix):] if branch and branch.startswith(prefix) and len(branch) > len(prefix) else None
 
 
+def _running(root: Path) -> str | None:
+    """The tag of the `ar run` or `ar sweep` that holds the repo's lock (not an `ar try`: it checks out nothing)."""
+    from .lock import read_holder
+    lock = RunsLayout(root).lock
+    holder = read_holder(lock) if lock.exists() else None
+    command = str((holder or {}).get("command") or "")
+    return holder.get("tag") if holder and not command.startswith(("ar try", "ar eval")) else None
+
+
 def _todays(root: Path, now: Settings, passed: str = "") -> Choice:
     """Step 3: today's tag, or the first of today-2, today-3, … whose settings match."""
     today = default_tag()
@@ -134,23 +156,26 @@ def for_run(root: Path, now: Settings, asked: str | None = None, *, compare: boo
     return _todays(root, now, passed)
 
 
-def for_reading(root: Path, asked: str | None = None, *, now: Settings | None = None,
-                have: tuple[str, ...] = (RESULTS,)) -> Choice:
-    """The tag a command that reads takes (steps 1-4). `have`: the files that make a tag readable for it
-    (results.tsv; for `ar status` the event stream too)."""
+def for_reading(root: Path, asked: str | None = None, *, have: tuple[str, ...] = (RESULTS,)) -> Choice:
+    """The tag a command that reads takes (steps 1-4). Step 3 for a reader is today's tag, or the latest of
+    today-2, today-3, … that has results (which of them `ar run` takes depends on its flags, which a reader does
+    not know). `have`: the files that make a tag readable (results.tsv; for `ar status` the event stream too)."""
     if asked:
         return Choice(asked, "--tag", exists=RunsLayout(root).tag(asked).dir.is_dir())
+    running = _running(root)
+    if running:        # it has checked out its branch, or is about to (while it prepares data)
+        return Choice(running, "the running loop's", exists=RunsLayout(root).tag(running).dir.is_dir())
     on = branch_tag(root)
     if on:
         return Choice(on, f"the branch you are on, {branch_name(on)}", exists=RunsLayout(root).tag(on).dir.is_dir())
-    choice = _todays(root, now or default_settings)
-    if choice.exists:
-        return choice
-    found = newest(root, have)
+    found, today = newest(root, have), default_tag()
+    todays = [t for t in found if t == today or (t.startswith(f"{today}-") and t[len(today) + 1:].isdigit())]
+    if todays:
+        return Choice(todays[0], "today's, as `ar run` takes it: no tag's branch is checked out")
     if found:
-        return Choice(found[0], f"the newest tag with {' or '.join(have)}: no tag's branch is checked out and "
-                                f"{choice.tag}, `ar run`'s, has none")
-    return Choice(choice.tag, choice.why, exists=False)
+        return Choice(found[0], f"the newest tag with {' or '.join(have)}: no tag's branch is checked out and no "
+                                f"tag of today's ({today}) has one")
+    return Choice(today, "today's, as `ar run` takes it", exists=False)
 
 
 def newest(root: Path, have: tuple[str, ...] = (RESULTS,)) -> list[str]:
@@ -186,17 +211,6 @@ def oldest_first(root: Path, tags: list[str]) -> list[str]:
         except OSError:
             return ""
     return sorted(tags, key=lambda t: (started(t), t))
-
-
-def default_settings() -> dict:
-    """The settings a plain `ar run` (no flags, no config file) runs at: what step 3 compares for a reader."""
-    from .config import RunConfig
-    from .harness.env import resolve_profile
-    cfg = RunConfig()
-    profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
-    return settings(time_budget=float(cfg.time_budget or profile.time_budget), dataset=cfg.dataset,
-                    profile=profile.name, eval_tokens=cfg.eval_tokens or profile.eval_tokens, sweep=False,
-                    objective=None)
 
 
 def first_line(root: Path, tag: str, why_new: str = "") -> str:

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import config as config_mod
+from . import tags
 from .config import RunConfig
 from .errors import ConfigError
 from .events import EventLog
 from .experiment import evaluate, execute, settle
 from .experiment.context import Event, Experiment, write_json
-from .gitops import GitRepo, default_tag, short
+from .gitops import GitRepo, short
 from .harness import checkpoint
 from .layout import RunsLayout
 from .ledger import Ledger, Row, Status, now_iso
@@ -61,13 +62,10 @@ class TryResult:
         return out
 
 
-def pick_tag(repo: Path, tag: str | None) -> str:
-    """The tag asked for, else the newest with results (its best is what a trial is compared with), else today's."""
-    if tag:
-        return tag
-    from .report import find_tags
-    found = find_tags(repo)
-    return found[0] if found else default_tag()
+def pick_tag(repo: Path, cfg: RunConfig, tag: str | None) -> tags.Choice:
+    """The tag a trial is compared with, by the rule of every command (tags.py): the one asked for, else the
+    branch you are on (not a sweep's), else today's as `ar run` takes it."""
+    return tags.for_run(repo, lambda: tags.of_config(cfg), tag, compare=False)
 
 
 def tag_config(cfg: RunConfig, runs: RunsLayout, tag: str) -> RunConfig:
@@ -197,7 +195,9 @@ def run(cfg: RunConfig, repo: Path, tag: str | None, action: Callable[[Tryout], 
         command: str) -> TryResult:
     """Open a Tryout on the tag (its settings applied), run `action`, close."""
     git = GitRepo(check_repo(repo))
-    chosen = pick_tag(git.root, tag)
-    cfg = tag_config(cfg, RunsLayout(git.root), chosen)
-    with Tryout(cfg, git.root, chosen, on_event=on_event, command=command) as t:
+    choice = pick_tag(git.root, cfg, tag)
+    if choice.why != "--tag" and on_event is not None:
+        on_event(Event("info", choice.line()))                  # which tag, and why
+    cfg = tag_config(cfg, RunsLayout(git.root), choice.tag)
+    with Tryout(cfg, git.root, choice.tag, on_event=on_event, command=command) as t:
         return action(t)

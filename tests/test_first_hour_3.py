@@ -191,3 +191,102 @@ def test_the_baseline_is_never_given_up(tmp_path, prepared_cache):
     assert rows[0].description == "baseline" and rows[0].exp_id == spec.id, rows
     assert "first result" not in rows[1].reason and not s.failed, rows[1].reason
     assert any("the baseline" in m and "runs again" in m for m in said), said
+
+
+# ------------------------------------------------------------------ 3. one tag rule for every command
+
+def test_every_command_reads_the_tag_of_the_branch_you_are_on_else_todays_and_says_so(tmp_path, prepared_cache):
+    from typer.testing import CliRunner
+    from autoresearch.cli import app
+    from autoresearch.gitops import default_tag
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo, write_cfg
+
+    root = make_repo(tmp_path)
+    today = default_tag()
+    Loop(cfg(noise=0.002), root, None, None).run(max_experiments=1)         # today's tag ...
+    Loop(cfg(noise=0.002), root, "other", None).run(max_experiments=1)      # ... then a newer one, on its branch
+
+    def read(*args):                                        # in this process: a dozen of them stay quick
+        r = CliRunner().invoke(app, [*args, "--repo", str(root)])
+        assert r.exit_code == 0, r.output
+        return r
+
+    for branch, tag, why in (("master", today, "today's"), (f"autoresearch/{today}", today, "the branch you are on"),
+                             ("autoresearch/other", "other", "the branch you are on")):
+        git(root, "checkout", "-q", branch)
+        docs = [json.loads(read(cmd, "--json").stdout) for cmd in ("report", "status", "journal")]
+        assert (docs[0]["tags"], docs[1]["tag"], docs[2]["tag"]) == ([tag], tag, tag), (branch, docs[1]["tag"])
+        assert all(d["tag_from"].startswith(why) for d in docs), [d["tag_from"] for d in docs]
+        for cmd in ("report", "status", "journal"):         # and says so, on stderr (stdout stays the product)
+            r = read(cmd)
+            assert r.stderr.startswith(f"tag {tag} ({why}") and f"tag {tag} (" not in r.stdout, (cmd, r.stderr)
+    r = ar("try", "--config", write_cfg(tmp_path, time_budget=0.5), cwd=root)    # on autoresearch/other
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tag other (the branch you are on, autoresearch/other)" in r.stdout and "tag other: best" in r.stdout
+    said: list[str] = []
+    Loop(cfg(noise=0.002), root, None, None, on_event=lambda e: said.append(e.message)).run(max_experiments=1)
+    assert said[0].startswith("resuming tag other (1 result"), said               # `ar run` too
+
+
+# ------------------------------------------------------------------ 5-8: sweep, eval, bare ar, report --all
+
+def test_a_sweep_on_a_dirty_tree_is_refused_before_its_plan_naming_ar_sweep(tmp_path, prepared_cache):
+    from test_loop import make_repo
+
+    root = make_repo(tmp_path)
+    (root / "s.yaml").write_text("name: lr\nprofile: cpu\naxes: {LR_MULT: [1.0, 2.0]}\n")
+    git(root, "add", "s.yaml")
+    git(root, "commit", "-qm", "a sweep file")
+    (root / "train.py").write_text((root / "train.py").read_text() + "\n# my edit\n")
+    r = ar("sweep", "s.yaml", cwd=root)
+    assert r.returncode == 1 and r.stdout == "", r.stdout                     # no plan first
+    assert r.stderr.count("\n") == 1 and "uncommitted changes (train.py)" in r.stderr, r.stderr
+    assert "`ar sweep`" in r.stderr and "ar run" not in r.stderr, r.stderr
+    assert not (root / "runs" / "sweep-lr").exists()
+    assert ar("sweep", "s.yaml", "--dry-run", cwd=root).returncode == 0       # a plan only: the tree may be dirty
+
+
+def test_ar_eval_refuses_a_folder_without_weights_before_numbering_and_its_hint_is_true(tmp_path, prepared_cache):
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run(max_experiments=1)
+    (exp,) = [d for d in (root / "runs" / "t").iterdir() if d.name.startswith("0001-")]
+    assert (exp / "model.json").is_file()                                     # the built config, no weights
+    r = ar("eval", exp, cwd=root)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert "weights.safetensors" in r.stderr and "python train.py" in r.stderr, r.stderr
+    assert "pass the folder a run saved" not in r.stderr
+    assert not (root / "runs" / "t" / "trials.tsv").exists() and not list((root / "runs" / "t").glob("eval-*"))
+
+
+def test_bare_ar_prints_the_usage_into_a_pipe_too():
+    r = ar(cwd=ROOT)
+    assert "Usage:" in r.stdout + r.stderr and " run " in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert r.returncode == 2
+
+
+def test_report_all_shows_exp_ids_and_tags_oldest_first(tmp_path):
+    from autoresearch.ledger import Ledger, Row
+
+    def rows(tag, n):
+        return [Row(commit=f"{tag}{i:06d}", val_bpb=3.0 - i / 10, memory_gb=None, status=Status.KEEP,
+                    description=f"{tag} {i}", exp_id=i, tag=tag, time_budget=20.0, training_seconds=20.1,
+                    total_seconds=31.0, tokens_per_s=4000.0, num_steps=9) for i in range(1, n + 1)]
+    for tag, n, created in (("b", 2, "2026-11-30T10:00:00+00:00"), ("a", 3, "2026-12-01T10:00:00+00:00")):
+        d = tmp_path / "runs" / tag
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"tag": tag, "created_at": created}))
+        for r in rows(tag, n):
+            Ledger(d).append(r)
+    os.utime(tmp_path / "runs" / "a" / "results.tsv", (1e9, 1e9))             # a's file older: b resumed later
+    data = json.loads(ar("report", "--repo", tmp_path, "--all", "--json", cwd=tmp_path).stdout)
+    assert data["tags"] == ["b", "a"], data["tags"]
+    assert [(e["tag"], e["exp_id"]) for e in data["experiments"]] == [("b", 1), ("b", 2), ("a", 1), ("a", 2),
+                                                                       ("a", 3)]
+    table = ar("report", "--repo", tmp_path, "--all", cwd=tmp_path).stdout.splitlines()
+    header = next(ln for ln in table if ln.startswith("#\t"))
+    assert header.split("\t")[:3] == ["#", "tag", "commit"], header
+    assert any(ln.startswith("3\ta\ta000003") for ln in table), table            # a's experiment 3, not #5

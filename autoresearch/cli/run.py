@@ -17,7 +17,7 @@ from ..ledger import Row, Status
 from ..session import Event, Summary
 from ..session import build
 from ..status import read_status
-from . import app, brackets, console
+from . import app, brackets, console, err_console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
           "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}
@@ -127,12 +127,15 @@ def run(
 
 @app.command()
 def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
-           tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the running one, else the "
+           tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the running loop's, else "
+                                                          "the branch you are on, else today's, else the "
                                                           "newest).")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the status document (lock holder, the "
                                                                "session's state, best, counts) as JSON.")] = False) -> None:
     """Who holds the lock, what runs now and how far it is, and the best result so far."""
     st = read_status(repo, tag)
+    if st["tag"] and tag is None and not as_json:         # JSON: its `tag_from`
+        err_console.print(f"tag {st['tag']} ({st['tag_from']})", highlight=False, soft_wrap=True)   # tags.py
     if as_json:
         import json
         console.out(json.dumps({"running": st["holder"] is not None, **st}, default=str), highlight=False)

@@ -16,7 +16,8 @@ from .run import LiveView
 
 RepoOpt = Annotated[Path, typer.Option(help="The git repo holding train.py.")]
 TagOpt = Annotated[Optional[str], typer.Option(help="Compare with this tag's best, on its settings (default: the "
-                                                   "newest tag with results).")]
+                                                   "tag of the branch you are on, else today's, as `ar run` "
+                                                   "takes it).")]
 ConfigOpt = Annotated[Optional[Path], typer.Option(help="YAML config (see configs/run.yaml).")]
 
 
