@@ -275,7 +275,7 @@ class Loop:
             if self.git.dirty_paths():
                 self.say("discarding the half-made change of the cut-short experiment", "warn")
         else:
-            self.git.ensure_clean()
+            self.git.ensure_clean(command=" ".join(self.command.split()[:2]))
         created = self.git.checkout_branch(self.tag)
         meta = self.paths.meta
         settings = self._comparable()

@@ -155,11 +155,8 @@ class Tryout(Loop):
     # ------------------------------------------------------------------------------------------ eval
     def eval_checkpoint(self, folder: Path) -> TryResult:
         """Score a checkpoint folder with the trusted evaluator (the working tree's train.py rebuilds it)."""
-        folder = Path(folder)
-        if not (folder / checkpoint.MODEL_JSON).is_file():
-            raise ConfigError(f"{folder} is not a checkpoint (no {checkpoint.MODEL_JSON}); `python train.py` writes "
-                              "one to ./checkpoint, or pass the folder a run saved")
-        n, x = self._next("eval")
+        folder = check_checkpoint(folder)
+        n, x = self._next("eval")                  # numbered only once the folder is a checkpoint
         x.sha = self.git._git("stash", "create", "ar eval") or self.best_sha
         x.description = f"checkpoint {folder}"
         x.exp_dir = self.tag_dir / f"eval-{n:04d}-{short(x.sha)}"
@@ -189,6 +186,19 @@ class Tryout(Loop):
                                reason=reason, started_at=x.started_at))
         return TryResult(self.tag, f"eval {n:04d}, {x.description}", x.val_bpb, status, reason, best, self.noise,
                          x.exp_dir)
+
+
+def check_checkpoint(folder: Path) -> Path:
+    """The folder, when it holds a whole checkpoint (model.json and the weights); else a one-line ConfigError
+    that says where one comes from. An experiment's folder under runs/ keeps only the model's model.json."""
+    folder = Path(folder)
+    missing = [name for name in (checkpoint.MODEL_JSON, checkpoint.WEIGHTS) if not (folder / name).is_file()]
+    if not missing:
+        return folder
+    what = ("only the config of the model an experiment built, not its weights: ar keeps no experiment's weights"
+            if missing == [checkpoint.WEIGHTS] else f"no {' and no '.join(missing)}")
+    raise ConfigError(f"{folder} is not a checkpoint ({what}); `python train.py` writes one (model.json + "
+                      f"{checkpoint.WEIGHTS}) to ./checkpoint: train by hand, then `ar eval checkpoint`")
 
 
 def run(cfg: RunConfig, repo: Path, tag: str | None, action: Callable[[Tryout], TryResult], *, on_event=None,
