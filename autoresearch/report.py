@@ -28,6 +28,8 @@ from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, _norm_knobs, point_label, show_number, show_value, status_of
 
 CANDIDATES = frozenset({"keep", "discard"})  # rows the top table ranks
+_TIMES = ("training_seconds", "total_seconds", "num_steps", "tokens_per_s", "total_tokens_M", "started_at",
+          "finished_at")                       # what the best's run took, in --json's `best`
 KEPT = frozenset({"keep"})  # a run's best: what the branch holds, as `ar run`, `ar status` and the journal say
 _FIELDS = ("commit", "val_bpb", "memory_gb", "status", "description", "exp_id", "tag", "parent", "mfu",
            "tokens_per_s", "training_seconds", "total_seconds", "num_steps", "total_tokens_M", "time_budget",
@@ -245,6 +247,7 @@ def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callab
     if best is not None:
         best_d = {"commit": best.commit, "val_bpb": best.val_bpb, "mfu": _clean(best.mfu),
                   "knobs": dict(best.knobs or {}), "time_budget": _clean(best.time_budget), "seed": best.seed,
+                  "exp_id": best.exp_id, **{k: _clean(getattr(best, k, None)) for k in _TIMES},
                   "tag": best.tag, "description": best.description,
                   "command": (reproduce_command(best, specs(best) if specs else None) if objective.name == VAL_BPB
                               else f"git checkout {shlex.quote(best.commit)}")}
@@ -283,13 +286,15 @@ def sections(report: dict) -> list[Section]:
     obj = report.get("objective") or DEFAULT.describe()
     metric = obj["name"] + (f" ({obj['unit']}, {'lower' if obj['direction'] == 'min' else 'higher'} is better)"
                             if obj["name"] != VAL_BPB else "")
-    top = [(str(e["index"]), e["commit"][:7], _f(e["val_bpb"], 6), _f(e["mfu"], 1, "%"), _tokens(e),
-            _f(e["num_steps"], 0), _f(e["time_budget"], 0, "s"), e["status"], e["description"])
+    several = len(report["tags"]) > 1          # --all: experiment numbers repeat across tags, the tag tells them
+    top = [(_number(e), *((e["tag"] or "-",) if several else ()), e["commit"][:7], _f(e["val_bpb"], 6),
+            _f(e["mfu"], 1, "%"), _tokens(e), _f(e["num_steps"], 0), _f(e["training_seconds"], 1, "s"),
+            _f(e["time_budget"], 0, "s"), e["status"], e["description"])
            for e in report["top"]]
     if n or not report["points"]:
         out.append(Section(f"top {len(top)} of {n} experiments ({counts}) — {', '.join(report['tags'])}",
-                           ("#", "commit", metric, "MFU", "tokens", "steps", "budget", "status", "description"),
-                           top))
+                           ("#", *(("tag",) if several else ()), "commit", metric, "MFU", "tokens", "steps",
+                            "trained", "budget", "status", "description"), top))
     spent = report.get("agent_cost")
     if spent:
         out.append(Section(f"agent cost — {', '.join(report['tags'])}",
@@ -382,6 +387,12 @@ def _f(v, digits: int, unit: str = "", prefix: str = "") -> str:
 
 def _value(v) -> str:
     return show_value(v)
+
+
+def _number(e: dict) -> str:
+    """An experiment's number: its exp_id (what its folder, ref and `ar run`'s lines call it); upstream's rows,
+    which have none, by their place in the file."""
+    return str(e["exp_id"] if e.get("exp_id") is not None else e["index"])
 
 
 def _tokens(e: dict) -> str:

@@ -277,6 +277,8 @@ class Loop:
         else:
             self.git.ensure_clean(command=" ".join(self.command.split()[:2]))
         created = self.git.checkout_branch(self.tag)
+        if was and was != self.branch and not created:    # `ar sweep` leaves its branch checked out, say
+            self.say(f"switched from branch {was} to {self.branch}")
         meta = self.paths.meta
         settings = self._comparable()
         if created or not meta.exists():

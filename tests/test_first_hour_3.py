@@ -290,3 +290,43 @@ def test_report_all_shows_exp_ids_and_tags_oldest_first(tmp_path):
     header = next(ln for ln in table if ln.startswith("#\t"))
     assert header.split("\t")[:3] == ["#", "tag", "commit"], header
     assert any(ln.startswith("3\ta\ta000003") for ln in table), table            # a's experiment 3, not #5
+    # the friction list: the training time in the table (CPU runs have no MFU: no peak FLOPs), times in `best`
+    assert "trained" in header.split("\t") and any("\t20.1s\t" in ln for ln in table), header
+    assert data["best"]["training_seconds"] == 20.1 and data["best"]["total_seconds"] == 31.0, data["best"]
+    assert data["best"]["exp_id"] == 3 and data["best"]["num_steps"] == 9
+
+
+# ------------------------------------------------------------------ the friction list
+
+def test_status_says_what_the_experiment_is_doing_in_words():
+    from autoresearch.cli.run import _experiment_line
+
+    def line(kind, phase, **x):
+        return _experiment_line({"running": True, "status": {"experiment": {
+            "id": 4, "kind": kind, "phase": phase, "description": "strategy: LR_MULT 1.0 -> 1.5", **x},
+            "step": {"step": 5, "pct": 40.0, "loss": 3.2, "tokens_per_s": 4000, "mfu": None, "remaining_s": 12}}})
+    got = line("propose", "training")
+    assert got.startswith("now: experiment 0004, a proposal, is training: strategy: LR_MULT 1.0 -> 1.5"), got
+    assert "(propose, training)" not in got and "step 5, 40.0%" in got
+    assert line("propose", "proposing").startswith("now: experiment 0004, a proposal, is being written by the "
+                                                   "proposer")
+    assert "the baseline, is being scored by the evaluator" in line("baseline", "evaluating")
+    assert "a re-run of a commit, is training" in line("rerun", "training")
+    assert "is being checked and committed" in line("knobs", "committing")
+    assert "is being decided and recorded" in line("commit", "settling")
+
+
+def test_ar_run_says_when_it_leaves_a_sweeps_branch(tmp_path, prepared_cache):
+    from autoresearch.gitops import default_tag
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, None, None).run(max_experiments=1)            # today's tag
+    git(root, "checkout", "-q", "-b", "autoresearch/sweep-lr", "master")      # as `ar sweep` leaves the repo
+    said: list[str] = []
+    lp = Loop(cfg(noise=0.002), root, None, None, on_event=lambda e: said.append(e.message))
+    lp.run(max_experiments=1)
+    assert lp.tag == default_tag(), lp.tag                                    # not the sweep's tag
+    assert any(f"switched from branch autoresearch/sweep-lr to autoresearch/{default_tag()}" in m for m in said), said
+    assert git(root, "branch", "--show-current") == f"autoresearch/{default_tag()}"

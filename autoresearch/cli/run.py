@@ -162,12 +162,26 @@ def _holder_line(st: dict) -> str:
            f"(`{h.get('command')}`)"
 
 
+_KIND = {"baseline": "the baseline", "propose": "a proposal", "knobs": "a knob edit", "rerun": "a re-run of a commit",
+         "commit": "a commit of yours"}
+_PHASE = {"proposing": "being written by the proposer", "committing": "being checked and committed",
+          "training": "training", "evaluating": "being scored by the evaluator",
+          "settling": "being decided and recorded"}
+
+
+def _doing(x: dict) -> str:
+    """`experiment 0004, a proposal, is training: <description>`: what it is and what happens to it, in words."""
+    kind, phase = x.get("kind"), x.get("phase")
+    what = f"experiment {x['id']:04d}, {_KIND.get(kind, kind or 'an experiment')}, is {_PHASE.get(phase, phase)}"
+    return f"{what}: {x['description']}" if x.get("description") else what
+
+
 def _experiment_line(st: dict) -> str:
     s = st["status"] or {}
     x, p = s.get("experiment"), s.get("step")
     if not st["running"] or not x:
         return "now: idle"
-    line = f"now: experiment {x['id']:04d} ({x.get('kind')}, {x['phase']}) {x.get('description') or ''}".rstrip()
+    line = f"now: {_doing(x)}"
     if p and x["phase"] == "training":
         mfu = "?" if p.get("mfu") is None else f"{p['mfu']:.1f}%"
         line += (f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, tok/s {p['tokens_per_s']:,.0f}, "
@@ -185,8 +199,7 @@ def _slot_lines(st: dict) -> list[str]:
         if not x:
             out.append(f"  {where}: idle")
             continue
-        line = f"  {where}: experiment {x['id']:04d} ({x.get('kind')}, {x['phase']}) {x.get('description') or ''}"
-        line = line.rstrip()
+        line = f"  {where}: {_doing(x)}"
         if p and x["phase"] == "training":
             line += f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, {p['remaining_s']}s left"
         out.append(line)
