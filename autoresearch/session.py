@@ -7,8 +7,10 @@ each experiment. The scheduler (scheduler.py) drives the experiments; each one's
     checkpoint                                                          (executors/, experiment/trial.py)
  6-9. classify, decide, reset, record, hooks                                           (experiment/settle.py)
 
-Resume (`Loop.open`): a spec started without a ledger row is run again; a ledger row whose spec is not
-marked done is marked done (its hooks fired if they were not), never run again. The working tree and the
+Resume (`Loop.open`): a spec started without a ledger row is run again (MAX_STARTS times; the baseline always);
+a ledger row whose spec is not marked done is marked done (its hooks fired if they were not), never run again;
+an `interrupted` row (Ctrl-C) queued its experiment once more when it was recorded (experiment/again.py).
+Which tag, and whether its settings and data still compare: tags.py. The working tree and the
 branch go back to the best kept commit; refs of half-made experiment commits are removed.
 
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},

@@ -85,7 +85,8 @@ def scale_out(gpus: str | None, stale_policy: str | None, executor: str | None, 
 def run(
     repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
     tag: Annotated[Optional[str], typer.Option(help="Experiment tag: branch autoresearch/TAG, runs/TAG/ "
-                                                   "(default: today, like nov30). An existing tag resumes.")] = None,
+                                                   "(default: the tag of the branch you are on, else today's, "
+                                                   "like nov30). An existing tag resumes.")] = None,
     proposer: Annotated[Optional[str], typer.Option(help="agent | grid | random | strategy "
                                                         "(default: agent if --agent is set, else strategy).")] = None,
     agent: Annotated[Optional[str], typer.Option(help="claude | codex | aider, or a command with {prompt} or "
