@@ -22,7 +22,7 @@ from . import cost
 from . import tags as tags_mod
 from .errors import ArError, ConfigError
 from . import objective
-from .layout import RESULTS, RunsLayout
+from .layout import RunsLayout
 from .objective import DEFAULT, VAL_BPB, Objective
 from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, _norm_knobs, point_label, show_number, show_value, status_of

@@ -11,7 +11,6 @@ runs again up to MAX_STARTS times (session.py).
 
 from __future__ import annotations
 
-from ..gitops import short
 from ..ledger import Row, Status
 from ..queue import Spec
 from .context import Experiment

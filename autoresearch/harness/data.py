@@ -366,7 +366,8 @@ def hidden_sources(tok_dir: Path | None) -> list[str]:
         return []
     ddir = Path(tok_dir).parent
     raw = _read_raw(ddir) or {}
-    return [*raw.get("hidden", []), str(ddir.parent / ".secret"), str(secret_dir())]
+    mine = [str(secret_dir())] if secret_dir().exists() else []     # a policy names only what is there to hide
+    return [*raw.get("hidden", []), str(ddir.parent / ".secret"), *mine]
 
 
 def validation_readable(tok_dir: Path | None) -> bool:
