@@ -107,7 +107,12 @@ def branch_tag(root: Path) -> str | None:
     except ArError:
         return None
     prefix = branch_name("")
-    return branch[len(prefix):] if branch and branch.startswith(prefix) and len(branch) > len(prefix) else None
+    if not branch or not branch.startswith(prefix):
+        return None
+    try:
+        return check_tag(branch[len(prefix):])      # a branch of that name that is no tag's is passed over
+    except ArError:
+        return None
 
 
 def _running(root: Path) -> str | None:
