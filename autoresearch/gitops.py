@@ -103,7 +103,8 @@ class GitRepo:
         out = self._git("diff", "--name-only", "-z", "--no-renames", sha, "--")
         return sorted(filter(None, out.split("\0")))
 
-    def ensure_clean(self) -> None:
+    def ensure_clean(self, command: str = "ar run") -> None:
+        """Refuse a dirty tree, naming the `command` that needs it clean."""
         dirty = self.dirty_paths()
         if dirty:
             shown = ", ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
@@ -111,7 +112,7 @@ class GitRepo:
                 "git -c user.name=you -c user.email=you@example.com commit -am '…' (git has no identity here; "
                 "`git config --global user.name/user.email` sets one)")
             raise GitError(f"the working tree has uncommitted changes ({shown}); commit them ({commit}), put them "
-                           "aside (git stash), or score them first with `ar try`, before `ar run`")
+                           f"aside (git stash), or score them first with `ar try`, before `{command}`")
 
     def ensure_ignored(self, patterns: tuple[str, ...] = None) -> None:
         """Make sure runs/ and agents' scratch files are ignored, through .git/info/exclude (nothing committed)."""

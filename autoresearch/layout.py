@@ -7,6 +7,7 @@
     runs/<tag>/queue.jsonl             the durable queue: added, started, done
     runs/<tag>/hooks.jsonl             which hook fired for what (exactly once)
     runs/<tag>/meta.json               branch, base commit, the settings results compare under
+    runs/<tag>/data.json               the data the tag's results were scored on (its validation split's hash)
     runs/<tag>/noise.json              the calibrated keep threshold
     runs/<tag>/events.jsonl            what the session does, as it happens (events.py; `ar status`, `ar serve`)
     runs/<tag>/journal.md, journal.json the research journal (memory.py), derived from the records
@@ -21,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .gitops import RUNS_DIR as RUNS                    # the folder git is told to ignore
-RESULTS, QUEUE, HOOKS, META, NOISE, EVENTS = (
-    "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "events.jsonl")
+RESULTS, QUEUE, HOOKS, META, NOISE, EVENTS, DATA = (
+    "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "events.jsonl", "data.json")
 LOCK = ".ar.lock"
-BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META)    # what a run may never change
+BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META, DATA)    # what a run may never change
 JOURNAL, JOURNAL_JSON, GRID = "journal.md", "journal.json", "grid.png"
 DERIVED = (JOURNAL, JOURNAL_JSON, GRID)                # views rewritten from the records at any time
 LIVE = (EVENTS, EVENTS + ".tmp")                       # appended by ar itself while proposals and runs go on
@@ -81,6 +82,7 @@ class TagLayout:
     queue = property(lambda self: self.dir / QUEUE)
     hooks = property(lambda self: self.dir / HOOKS)
     meta = property(lambda self: self.dir / META)
+    data = property(lambda self: self.dir / DATA)
     noise = property(lambda self: self.dir / NOISE)
     events = property(lambda self: self.dir / EVENTS)
     lock = property(lambda self: self.dir.parent / LOCK)     # the repo's lock (runs/.ar.lock)

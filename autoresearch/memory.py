@@ -317,25 +317,26 @@ def load(tag_dir: Path | None = None, *, results: Path | None = None, repo: Path
 
 
 def for_repo(repo: Path, tag: str | None = None, results: Path | None = None,
-             noise: float | None = None) -> tuple[Journal, Path | None]:
-    """(the journal, the tag folder to write it to, or None for a results file outside runs/)."""
+             noise: float | None = None) -> tuple[Journal, Path | None, "tags.Choice | None"]:
+    """(the journal, the tag folder to write it to, or None for a results file outside runs/, and how the tag was
+    chosen: tags.py's rule; None for --results)."""
+    from . import tags
     if results is not None:
         if tag is not None:
             raise ConfigError("--tag and --results exclude each other; pass one")
-        return load(results=results, repo=repo if (Path(repo) / ".git").exists() else None, noise=noise), None
+        return load(results=results, repo=repo if (Path(repo) / ".git").exists() else None, noise=noise), None, None
     runs = RunsLayout(Path(repo))
-    if tag is None:
-        found = sorted(runs.tags_with(RESULTS), key=lambda p: (p.stat().st_mtime, p.parent.name), reverse=True)
-        if not found:
-            raise ArError(f"no results yet: no {runs.runs}/<tag>/results.tsv; run `ar run` first, or pass "
-                          "--results FILE (upstream's results.tsv works too)")
-        tag = found[0].parent.name
-    tag_dir = runs.tag(tag).dir
-    if not (tag_dir / RESULTS).is_file() and not runs.tag(tag).meta.is_file():
-        others = ", ".join(p.parent.name for p in runs.tags_with(RESULTS))
-        raise ArError(f"no results for tag {tag!r} in {runs.runs}" + (f"; tags with results: {others}" if others
-                                                                       else "; run `ar run` first"))
-    return load(tag_dir, repo=repo, noise=noise), tag_dir
+    if tag is None and not tags.newest(Path(repo)):
+        raise ArError(f"no results yet: no {runs.runs}/<tag>/results.tsv; run `ar run` first, or pass "
+                      "--results FILE (upstream's results.tsv works too)")
+    choice = tags.for_reading(Path(repo), tag)
+    tag_dir = runs.tag(choice.tag).dir
+    if not (tag_dir / RESULTS).is_file() and not runs.tag(choice.tag).meta.is_file():
+        others = ", ".join(tags.newest(Path(repo)))
+        why = f" ({choice.why})" if choice.why != "--tag" else ""
+        raise ArError(f"no results for tag {choice.tag!r}{why} in {runs.runs}" + (
+            f"; tags with results: {others} (--tag NAME)" if others else "; run `ar run` first"))
+    return load(tag_dir, repo=repo, noise=noise), tag_dir, choice
 
 
 # ------------------------------------------------------------------------------------------ rendering

@@ -19,14 +19,17 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import cost
+from . import tags as tags_mod
 from .errors import ArError, ConfigError
 from . import objective
-from .layout import RESULTS, RunsLayout
+from .layout import RunsLayout
 from .objective import DEFAULT, VAL_BPB, Objective
 from .sweep import seed_stats, verdicts
 from .sweepfile import FINISHED_STATUSES, _norm_knobs, point_label, show_number, show_value, status_of
 
 CANDIDATES = frozenset({"keep", "discard"})  # rows the top table ranks
+_TIMES = ("training_seconds", "total_seconds", "num_steps", "tokens_per_s", "total_tokens_M", "started_at",
+          "finished_at")                       # what the best's run took, in --json's `best`
 KEPT = frozenset({"keep"})  # a run's best: what the branch holds, as `ar run`, `ar status` and the journal say
 _FIELDS = ("commit", "val_bpb", "memory_gb", "status", "description", "exp_id", "tag", "parent", "mfu",
            "tokens_per_s", "training_seconds", "total_seconds", "num_steps", "total_tokens_M", "time_budget",
@@ -42,27 +45,27 @@ class Section:
 
 def find_tags(repo: str | Path) -> list[str]:
     """Tags under runs/ that have a results.tsv, newest first."""
-    found = RunsLayout(Path(repo)).tags_with(RESULTS)
-    found.sort(key=lambda p: (p.stat().st_mtime, p.parent.name), reverse=True)
-    return [p.parent.name for p in found]
+    return tags_mod.newest(Path(repo))
 
 
-def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=None) -> tuple[list[str], list]:
-    """(tags, rows). Nothing to report (no runs/, no such tag, no row yet) is an ArError saying how to get
-    results. A corrupt line of results.tsv is named through `warn` and skipped, as `ar run` and `ar status` do."""
+def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
+         warn=None) -> tuple[list[str], list, "tags_mod.Choice | None"]:
+    """(tags, rows, how the tag was chosen: tags.py's rule; None with --all). Nothing to report (no runs/, no such
+    tag, no row yet) is an ArError saying how to get results. A corrupt line of results.tsv is named through `warn`
+    and skipped, as `ar run` and `ar status` do."""
     from .ledger import read_results
 
     runs = RunsLayout(Path(repo)).runs
     if tag and all_tags:
         raise ConfigError("--tag and --all exclude each other; pass one")
-    if tag:
-        tags = [tag]
+    choice = None
+    if not tag and not find_tags(repo):
+        tags = []
+    elif all_tags:
+        tags = tags_mod.oldest_first(Path(repo), find_tags(repo))   # experiments in the order they ran
     else:
-        tags = find_tags(repo)
-        if not all_tags:
-            tags = tags[:1]
-        else:
-            tags.reverse()  # oldest first: experiments in the order they ran
+        choice = tags_mod.for_reading(Path(repo), tag)
+        tags = [choice.tag]
     if not tags:
         raise ArError(f"no results yet: no {runs}/<tag>/results.tsv; run `ar run` (or `ar sweep FILE`) in this "
                       "repository first")
@@ -71,8 +74,9 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=
         path = RunsLayout(Path(repo)).tag(t).results
         if not path.is_file():
             others = find_tags(repo)
-            raise ArError(f"no results for tag {t!r}: {path} does not exist; "
-                          + (f"tags with results: {', '.join(others)}" if others else
+            ruled = choice is not None and choice.why != "--tag"
+            raise ArError(f"no results for tag {t!r}{f' ({choice.why})' if ruled else ''}: {path} does not exist; "
+                          + (f"tags with results: {', '.join(others)}{' (--tag NAME)' if ruled else ''}" if others else
                              "run `ar run` (or `ar sweep FILE`) first"))
         for r in read_results(path, warn=warn or (lambda msg: None)):
             r.tag = r.tag or t  # upstream's rows have no tag column
@@ -80,7 +84,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False, warn=
     if not rows:
         raise ArError(f"no results yet in {', '.join(str(runs / t / 'results.tsv') for t in tags)}: a row is "
                       "written when an experiment finishes (`ar status` shows the one running)")
-    return tags, rows
+    return tags, rows, choice
 
 
 # ---------------------------------------------------------------- pure summaries
@@ -243,6 +247,7 @@ def build(rows: Sequence, tags: Sequence[str] = (), top: int = 10, specs: Callab
     if best is not None:
         best_d = {"commit": best.commit, "val_bpb": best.val_bpb, "mfu": _clean(best.mfu),
                   "knobs": dict(best.knobs or {}), "time_budget": _clean(best.time_budget), "seed": best.seed,
+                  "exp_id": best.exp_id, **{k: _clean(getattr(best, k, None)) for k in _TIMES},
                   "tag": best.tag, "description": best.description,
                   "command": (reproduce_command(best, specs(best) if specs else None) if objective.name == VAL_BPB
                               else f"git checkout {shlex.quote(best.commit)}")}
@@ -281,13 +286,15 @@ def sections(report: dict) -> list[Section]:
     obj = report.get("objective") or DEFAULT.describe()
     metric = obj["name"] + (f" ({obj['unit']}, {'lower' if obj['direction'] == 'min' else 'higher'} is better)"
                             if obj["name"] != VAL_BPB else "")
-    top = [(str(e["index"]), e["commit"][:7], _f(e["val_bpb"], 6), _f(e["mfu"], 1, "%"), _tokens(e),
-            _f(e["num_steps"], 0), _f(e["time_budget"], 0, "s"), e["status"], e["description"])
+    several = len(report["tags"]) > 1          # --all: experiment numbers repeat across tags, the tag tells them
+    top = [(_number(e), *((e["tag"] or "-",) if several else ()), e["commit"][:7], _f(e["val_bpb"], 6),
+            _f(e["mfu"], 1, "%"), _tokens(e), _f(e["num_steps"], 0), _f(e["training_seconds"], 1, "s"),
+            _f(e["time_budget"], 0, "s"), e["status"], e["description"])
            for e in report["top"]]
     if n or not report["points"]:
         out.append(Section(f"top {len(top)} of {n} experiments ({counts}) — {', '.join(report['tags'])}",
-                           ("#", "commit", metric, "MFU", "tokens", "steps", "budget", "status", "description"),
-                           top))
+                           ("#", *(("tag",) if several else ()), "commit", metric, "MFU", "tokens", "steps",
+                            "trained", "budget", "status", "description"), top))
     spent = report.get("agent_cost")
     if spent:
         out.append(Section(f"agent cost — {', '.join(report['tags'])}",
@@ -380,6 +387,12 @@ def _f(v, digits: int, unit: str = "", prefix: str = "") -> str:
 
 def _value(v) -> str:
     return show_value(v)
+
+
+def _number(e: dict) -> str:
+    """An experiment's number: its exp_id (what its folder, ref and `ar run`'s lines call it); upstream's rows,
+    which have none, by their place in the file."""
+    return str(e["exp_id"] if e.get("exp_id") is not None else e["index"])
 
 
 def _tokens(e: dict) -> str:

@@ -28,7 +28,7 @@ from .errors import ArError, ConfigError
 from .executors import Slot, parse_gpus
 from .ledger import Row, Status, now_iso
 from .runner import STOP_INTERRUPTED
-from .experiment import prepare, settle
+from .experiment import again, prepare, settle
 from .experiment.context import Experiment, Outcome
 
 
@@ -208,14 +208,19 @@ class Scheduler:
             if isinstance(e, OSError):
                 raise file_error(e) from e
             lp.git.reset_hard(lp.best_sha)
-            return settle.record_as(lp, x, Status.CRASH, reason=f"the slot failed: {type(e).__name__}: {e}")
+            why = f"the slot failed: {type(e).__name__}: {e}"
+            row = settle.record_as(lp, x, Status.CRASH, reason=why)
+            again.queue_again(lp, x, f"failed outside the proposal: {why}")
+            return row
         ran = out.run if out.kind == "ran" else None
         try:
             if out.kind == "interrupted" or (self.interrupted_at and f.finished_at >= self.interrupted_at) or (
                     ran and ran[0].stop_reason == STOP_INTERRUPTED):
                 if ran:
                     x.time_budget, x.seed = ran[4], ran[5]
-                return settle.interrupted(lp, x, ran[3] if ran else None)
+                row = settle.interrupted(lp, x, ran[3] if ran else None)
+                again.queue_again(lp, x, again.INTERRUPTED)       # cut off by the user's stop: once more
+                return row
             if out.kind == "skipped":
                 lp.queue.done(x.spec.id, "skipped")
                 lp.events.settled(x, None)
@@ -228,7 +233,11 @@ class Scheduler:
             stale = settle.stale_win(lp, x, status, m)
             if stale:
                 return settle.record_stale(lp, x, m, budget, seed, stale)
-            return settle.decide_and_record(lp, x, result, status, reason, m, budget, seed)
+            row = settle.decide_and_record(lp, x, result, status, reason, m, budget, seed)
+            outside = again.outside_the_proposal(lp, x, row)
+            if outside:
+                again.queue_again(lp, x, outside)
+            return row
         except OSError as e:   # a full or read-only disk under runs/, most often: stop, say so in one line
             raise file_error(e) from e
 

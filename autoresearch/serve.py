@@ -59,6 +59,7 @@ class Source:
     tag_dir: Path | None          # None: a results file outside runs/ (upstream's)
     repo: Path | None
     noise: float | None = None
+    choice: object = None         # how the tag was chosen (tags.Choice), None for --tag or --results
 
     @property
     def events(self) -> Path | None:
@@ -69,11 +70,11 @@ class Source:
 
 
 def source_for(repo: Path, tag: str | None, results: Path | None, noise: float | None = None) -> Source:
-    """Resolve --tag / --results like `ar journal` (the newest tag by default)."""
-    j, tag_dir = memory.for_repo(repo, tag, results, noise)     # the same checks and one-line errors
+    """Resolve --tag / --results like `ar journal` (tags.py's rule by default)."""
+    j, tag_dir, choice = memory.for_repo(repo, tag, results, noise)     # the same checks and one-line errors
     path = Path(j.source)
     git_ok = (Path(repo) / ".git").exists()
-    return Source(path, tag_dir, Path(repo) if git_ok else None, noise)
+    return Source(path, tag_dir, Path(repo) if git_ok else None, noise, choice)
 
 
 def _stamp(path: Path | None) -> tuple[int, int] | None:

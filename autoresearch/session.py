@@ -7,8 +7,10 @@ each experiment. The scheduler (scheduler.py) drives the experiments; each one's
     checkpoint                                                          (executors/, experiment/trial.py)
  6-9. classify, decide, reset, record, hooks                                           (experiment/settle.py)
 
-Resume (`Loop.open`): a spec started without a ledger row is run again; a ledger row whose spec is not
-marked done is marked done (its hooks fired if they were not), never run again. The working tree and the
+Resume (`Loop.open`): a spec started without a ledger row is run again (MAX_STARTS times; the baseline always);
+a ledger row whose spec is not marked done is marked done (its hooks fired if they were not), never run again;
+an `interrupted` row (Ctrl-C) queued its experiment once more when it was recorded (experiment/again.py).
+Which tag, and whether its settings and data still compare: tags.py. The working tree and the
 branch go back to the best kept commit; refs of half-made experiment commits are removed.
 
 Spec kinds: "baseline" (train.py as it is), "propose" (ask the proposer), "knobs" ({"knobs": {...},
@@ -34,11 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import compile_cache, faults, guards
+from . import compile_cache, faults, guards, tags
 from .config import RunConfig
 from .errors import ConfigError, DataError, GitError
 from .events import EventLog, slot_fields
-from .gitops import GitRepo, branch_name, check_tag, default_tag, short
+from .gitops import GitRepo, branch_name, short
 from .experiment import clock
 from .harness import sandbox
 from .harness import data
@@ -48,7 +50,7 @@ from .hooks import Hooks
 from .integrity import Fingerprint, no_bytecode
 from .knobs import read_knobs
 from .layout import RunsLayout
-from .ledger import Ledger, Row, Status, now_iso, read_results
+from .ledger import Ledger, Row, Status, now_iso
 from .lock import RepoLock, refuse_if_held
 from .metrics import StepPoint
 from .objective import shown
@@ -62,7 +64,7 @@ from .experiment.context import Event, Experiment, SlotContext, write_json
 from .scheduler import Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
-MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again
+MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again (the baseline is)
 __all__ = ["Event", "Loop", "Summary"]
 
 
@@ -99,11 +101,12 @@ class Loop:
             raise ConfigError("--calibrate-noise K needs K >= 2 runs of the baseline to measure a spread")
         self.profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
         self.eval_tokens = cfg.eval_tokens or self.profile.eval_tokens
-        self.tag, note = self._pick_tag(tag)
+        self.choice = tags.for_run(self.root, self._comparable, tag)   # refused here, before data or lock
+        self.tag = self.choice.tag
         self.branch = branch_name(self.tag)
         self.paths = RunsLayout(self.root).tag(self.tag)
         self.tag_dir = self.paths.dir
-        self.say(note)
+        self.say(self._first_line(self.choice))
         self._lock = RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
         self._open = False
         self.peak_warned: set[str] = set()
@@ -188,6 +191,7 @@ class Loop:
         self.hooks = Hooks(self.cfg.hooks, self.paths.hooks, timeout=self.cfg.hook_timeout,
                            cwd=self.root, log=warn)
         rows = self.ledger.rows()
+        self._check_data(rows)
         recorded = {r.exp_id: r for r in rows if r.exp_id is not None}
         in_flight = [s for s in self.queue.pending() if self.queue.is_started(s.id) and s.id not in recorded]
         self._prepare_tree(resume=bool(in_flight))
@@ -218,6 +222,11 @@ class Loop:
         else:
             noise, source = (obj.noise, "objective.noise") if obj.noise is not None else (self.noise, source)
             self.say(f"keep threshold {noise:g} {obj.name} ({source})")
+
+    def _check_data(self, rows: list[Row], pin: bool = True) -> None:
+        """The tag's results were scored on one validation split: refuse another (a cache prepared again with a
+        new split key, say); `pin`: record it while the tag has no result yet (tags.check_data)."""
+        tags.check_data(self.tag_dir, self.tok_dir, bool(rows), data.key_path(default_cache()), pin=pin)
 
     def _ensure_data(self) -> None:
         """Prepare `builtin` when it is missing (under the lock: a second `ar run` beside a running one is
@@ -268,13 +277,16 @@ class Loop:
             if self.git.dirty_paths():
                 self.say("discarding the half-made change of the cut-short experiment", "warn")
         else:
-            self.git.ensure_clean()
+            self.git.ensure_clean(command=" ".join(self.command.split()[:2]))
         created = self.git.checkout_branch(self.tag)
+        if was and was != self.branch and not created:    # `ar sweep` leaves its branch checked out, say
+            self.say(f"switched from branch {was} to {self.branch}")
         meta = self.paths.meta
         settings = self._comparable()
         if created or not meta.exists():
             head = self.git.head_sha()
             write_json(meta, {"tag": self.tag, "branch": self.branch, "base": head, "created_at": now_iso(),
+                               "kind": "sweep" if self.command.startswith("ar sweep") else "run",
                                "settings": settings, "objective": self.cfg.objective.describe()})
             where = f"the HEAD of {was}" if was else "a detached HEAD"
             if was and was.startswith("autoresearch/sweep-"):
@@ -282,62 +294,16 @@ class Loop:
             self.say(f"branch {self.branch} starts at {short(head)}, {where}" if created else
                      f"branch {self.branch} adopted at {short(head)}; results in runs/{self.tag}/")
         else:
-            self._refuse_incomparable(self.tag)   # checked at start, again under the lock
+            tags.refuse_incomparable(self.root, self.tag, settings)   # checked at start, again under the lock
         self.base_sha = json.loads(meta.read_text())["base"]
         self._adopt_fix(meta)
 
     def _comparable(self) -> dict:
-        """What must stay the same for a tag's results to compare (a sweep varies the budget itself)."""
-        out = {"time_budget": self.budget(None), "dataset": self.cfg.dataset, "profile": self.profile.name,
-               "eval_tokens": self.eval_tokens}
-        if self.command.startswith("ar sweep"):
-            del out["time_budget"]
-        if self.cfg.objective.custom:   # results of another objective do not compare (val_bpb tags stay as they were)
-            out["objective"] = self.cfg.objective.name
-        return out
+        """What must stay the same for this session's results to compare with the tag's (tags.py)."""
+        return tags.of_config(self.cfg, self.command)
 
-    def _differs(self, tag: str) -> tuple[str, str] | None:
-        """(how, which setting) this run's settings differ from those tag was started with; None: they match,
-        or the tag is new."""
-        try:
-            was = json.loads(RunsLayout(self.root).tag(tag).meta.read_text()).get("settings") or {}
-        except (OSError, ValueError):
-            return None
-        for key, now in self._comparable().items():
-            if was.get(key, now) != now:
-                return f"tag {tag} was run with {key} {was[key]}, this run asks for {now}", key
-        return None
-
-    def _refuse_incomparable(self, tag: str) -> None:
-        differs = self._differs(tag)
-        if differs:
-            raise ConfigError(f"{differs[0]}: their results are not comparable; pick a new tag (--tag) or the "
-                              f"same {differs[1]}")
-
-    def _pick_tag(self, asked: str | None) -> tuple[str, str]:
-        """The tag, and the first line to say about it. Asked for by name: that tag (refused here, before any
-        data or lock, when its results would not compare). By default: today's, or the first of today-2,
-        today-3, ... whose settings match, so that a rerun with another budget or dataset starts afresh
-        instead of mixing results that do not compare."""
-        if asked:
-            self._refuse_incomparable(check_tag(asked))
-            return asked, self._tag_line(asked, "")
-        today = default_tag()
-        differs = self._differs(today)
-        if differs is None:
-            return today, self._tag_line(today, "")
-        for i in range(2, 1000):
-            tag = f"{today}-{i}"
-            if self._differs(tag) is None:
-                return tag, self._tag_line(tag, f" ({differs[0]}: a fresh tag)")
-        raise ConfigError(f"999 tags of today ({today}-N) were run with other settings; pass --tag")
-
-    def _tag_line(self, tag: str, why_new: str) -> str:
-        paths = RunsLayout(self.root).tag(tag)
-        n = len(read_results(paths.results, warn=lambda m: None)) if paths.results.exists() else 0
-        if n or paths.meta.exists():
-            return f"resuming tag {tag} ({n} result{'s' * (n != 1)}; branch {branch_name(tag)})"
-        return f"new tag {tag}{why_new}: branch {branch_name(tag)}, results in runs/{tag}/"
+    def _first_line(self, choice: tags.Choice) -> str:
+        return tags.first_line(self.root, choice.tag, choice.note)
 
     def _adopt_fix(self, meta: Path) -> None:
         """Nothing kept yet (a crashed baseline, say) and the user committed a fix on the branch: start from it
@@ -471,7 +437,11 @@ class Loop:
         for d in self.tag_dir.glob(f"{spec.id:04d}-*"):
             shutil.rmtree(d, ignore_errors=True)
         x = Experiment(spec, parent=self.best_sha, started_at=now_iso(), stage=self.ledger.exp_dir(spec.id, ""))
-        if self.queue.starts(spec.id) >= MAX_STARTS:
+        starts = self.queue.starts(spec.id)
+        if starts >= MAX_STARTS and spec.kind == "baseline":    # every result is measured against it: never given up
+            self.say(f"the baseline was cut short {starts} times (ar was stopped or killed while it ran); it runs "
+                     "again: no experiment of the tag can be decided without it", "warn")
+        elif starts >= MAX_STARTS:
             x.description = spec.payload.get("description") or spec.kind
             why = f"ar stopped during this experiment {MAX_STARTS} times; not run again"
             settle.record_as(self, x, Status.INTERRUPTED, reason=why)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import events, objective
+from . import events, objective, tags
 from .errors import ArError
 from .gitops import GitRepo
 from .layout import EVENTS, RESULTS, RunsLayout
@@ -15,7 +15,8 @@ from .lock import read_holder
 
 def read_status(repo: str | Path, tag: str | None = None) -> dict:
     """What `ar status` shows: the lock holder, the running (or last) experiment and step, the best so far; of
-    `tag` when given (as report, journal and serve take it), else of the running or the last tag."""
+    `tag` when given, else of the tag tags.py's rule reads (the branch you are on, else today's, else the newest),
+    as report, journal and serve take it."""
     root = GitRepo(repo).root
     runs = RunsLayout(root)
     holder = read_holder(runs.lock) if runs.lock.exists() else None
@@ -23,13 +24,12 @@ def read_status(repo: str | Path, tag: str | None = None) -> dict:
         have = sorted(p.parent.name for p in runs.tags_with(RESULTS))
         raise ArError(f"no tag {tag!r} under {runs.runs}; " + (f"tags: {', '.join(have)}" if have else
                                                                "run `ar run` first"))
-    if holder and tag is not None and holder.get("tag") != tag:
+    choice = tags.for_reading(root, tag, have=(EVENTS, RESULTS))
+    tag = choice.tag if choice.exists else None
+    if holder and holder.get("tag") != tag:
         holder = None     # the lock is another tag's: this one is not running
-    tag = tag or (holder.get("tag") if holder else None)
-    if not tag:
-        docs = sorted(runs.tags_with(EVENTS) or runs.tags_with(RESULTS), key=lambda p: p.stat().st_mtime)
-        tag = docs[-1].parent.name if docs else None
-    out: dict = {"repo": str(root), "holder": holder, "tag": tag, "status": None, "best": None, "counts": {}}
+    out: dict = {"repo": str(root), "holder": holder, "tag": tag, "tag_from": choice.why, "status": None,
+                 "best": None, "counts": {}}
     if tag is None:
         return out
     out["status"] = events.against_lock(events.fold(events.read(runs.tag(tag).events)), holder)

@@ -205,6 +205,15 @@ class EarlyStopper:
         return monitor
 
 
+def check_tree(p: Plan) -> None:
+    """Before the plan is shown: a dirty tree is refused, naming `ar sweep`, unless it is the sweep's own branch
+    (the Loop then discards what a cut-short point left, and refuses anything else the same way)."""
+    from .gitops import GitRepo, branch_name
+    git = GitRepo(p.repo)
+    if git.current_branch() != branch_name(p.tag):
+        git.ensure_clean(command="ar sweep")
+
+
 def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, on_event=None,
               command: str = "ar sweep") -> SweepResult:
     """Run what the plan has left through the Loop (lock, commit, subprocess, record, hooks, durable queue).
@@ -222,7 +231,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     if not git.branch_exists(p.tag):   # nothing touches the repo before its lock is held (an `ar run` may own it)
         from .lock import RepoLock
         with RepoLock(RunsLayout(git.root).lock, tag=p.tag, command=command):
-            git.ensure_clean()
+            git.ensure_clean(command="ar sweep")
             git.repo.create_head(branch_name(p.tag), p.base)
     monitor = EarlyStopper(p.tag_dir, p.sweep.early_stop) if early_stop else None
     result = SweepResult()

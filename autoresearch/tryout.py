@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import config as config_mod
+from . import tags
 from .config import RunConfig
 from .errors import ConfigError
 from .events import EventLog
 from .experiment import evaluate, execute, settle
 from .experiment.context import Event, Experiment, write_json
-from .gitops import GitRepo, default_tag, short
+from .gitops import GitRepo, short
 from .harness import checkpoint
 from .layout import RunsLayout
 from .ledger import Ledger, Row, Status, now_iso
@@ -61,13 +62,10 @@ class TryResult:
         return out
 
 
-def pick_tag(repo: Path, tag: str | None) -> str:
-    """The tag asked for, else the newest with results (its best is what a trial is compared with), else today's."""
-    if tag:
-        return tag
-    from .report import find_tags
-    found = find_tags(repo)
-    return found[0] if found else default_tag()
+def pick_tag(repo: Path, cfg: RunConfig, tag: str | None) -> tags.Choice:
+    """The tag a trial is compared with, by the rule of every command (tags.py): the one asked for, else the
+    branch you are on (not a sweep's), else today's as `ar run` takes it."""
+    return tags.for_run(repo, lambda: tags.of_config(cfg), tag, compare=False)
 
 
 def tag_config(cfg: RunConfig, runs: RunsLayout, tag: str) -> RunConfig:
@@ -88,8 +86,8 @@ class Tryout(Loop):
         super().__init__(cfg, repo, tag, None, on_event=on_event, baseline=False, command=command)
         self.events = EventLog(self.tag_dir / ".trials" / "events.jsonl")   # not the tag's: `ar status` is the loop's
 
-    def _tag_line(self, tag: str, why_new: str) -> str:
-        return ""
+    def _first_line(self, choice) -> str:
+        return ""      # tryout.run says which tag, and why
 
     def _open_locked(self) -> None:
         self._trust()
@@ -99,6 +97,7 @@ class Tryout(Loop):
         self.ledger = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
         self.trials = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
         self.trials.path = self.tag_dir / TRIALS
+        self._check_data(self.ledger.rows(), pin=False)
         self.noise, _ = self.cfg.noise_threshold(self.tag_dir)
         self.best_sha = self.git.head_sha()
 
@@ -156,11 +155,8 @@ class Tryout(Loop):
     # ------------------------------------------------------------------------------------------ eval
     def eval_checkpoint(self, folder: Path) -> TryResult:
         """Score a checkpoint folder with the trusted evaluator (the working tree's train.py rebuilds it)."""
-        folder = Path(folder)
-        if not (folder / checkpoint.MODEL_JSON).is_file():
-            raise ConfigError(f"{folder} is not a checkpoint (no {checkpoint.MODEL_JSON}); `python train.py` writes "
-                              "one to ./checkpoint, or pass the folder a run saved")
-        n, x = self._next("eval")
+        folder = check_checkpoint(folder)
+        n, x = self._next("eval")                  # numbered only once the folder is a checkpoint
         x.sha = self.git._git("stash", "create", "ar eval") or self.best_sha
         x.description = f"checkpoint {folder}"
         x.exp_dir = self.tag_dir / f"eval-{n:04d}-{short(x.sha)}"
@@ -192,11 +188,26 @@ class Tryout(Loop):
                          x.exp_dir)
 
 
+def check_checkpoint(folder: Path) -> Path:
+    """The folder, when it holds a whole checkpoint (model.json and the weights); else a one-line ConfigError
+    that says where one comes from. An experiment's folder under runs/ keeps only the model's model.json."""
+    folder = Path(folder)
+    missing = [name for name in (checkpoint.MODEL_JSON, checkpoint.WEIGHTS) if not (folder / name).is_file()]
+    if not missing:
+        return folder
+    what = ("only the config of the model an experiment built, not its weights: ar keeps no experiment's weights"
+            if missing == [checkpoint.WEIGHTS] else f"no {' and no '.join(missing)}")
+    raise ConfigError(f"{folder} is not a checkpoint ({what}); `python train.py` writes one (model.json + "
+                      f"{checkpoint.WEIGHTS}) to ./checkpoint: train by hand, then `ar eval checkpoint`")
+
+
 def run(cfg: RunConfig, repo: Path, tag: str | None, action: Callable[[Tryout], TryResult], *, on_event=None,
         command: str) -> TryResult:
     """Open a Tryout on the tag (its settings applied), run `action`, close."""
     git = GitRepo(check_repo(repo))
-    chosen = pick_tag(git.root, tag)
-    cfg = tag_config(cfg, RunsLayout(git.root), chosen)
-    with Tryout(cfg, git.root, chosen, on_event=on_event, command=command) as t:
+    choice = pick_tag(git.root, cfg, tag)
+    if choice.why != "--tag" and on_event is not None:
+        on_event(Event("info", choice.line()))                  # which tag, and why
+    cfg = tag_config(cfg, RunsLayout(git.root), choice.tag)
+    with Tryout(cfg, git.root, choice.tag, on_event=on_event, command=command) as t:
         return action(t)

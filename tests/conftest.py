@@ -21,6 +21,15 @@ from autoresearch.harness import data
 from autoresearch.harness.env import resolve_profile
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _split_key_home(tmp_path_factory):
+    """The session's own split-key folder ($AR_SECRET_DIR, inherited by every `ar` the tests start): a test never
+    reads or makes the user's key in ~/.config/ar/secret."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AR_SECRET_DIR", str(tmp_path_factory.mktemp("split-key") / "secret"))
+        yield
+
+
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch) -> Path:
     """AR_CACHE pointed at an empty temporary folder."""
@@ -55,8 +64,9 @@ def tiny_dataset(tmp_path_factory) -> TinyDataset:
         if total >= 300_000:
             break
     vocab = resolve_profile("cpu").vocab_size
-    # the same split every session (tests compare figures of it): an empty split key is the unkeyed rule. Real
-    # caches get a secret key on first use (data.split_key); the hostile tests prepare their own data with one
+    # the same split every session (tests compare figures of it): an empty split key in the cache is the unkeyed
+    # rule. Other caches split by the installation's secret key ($AR_SECRET_DIR here: data.split_key); the hostile
+    # tests prepare their own data with it
     secret = root / "cache" / ".secret"
     secret.mkdir(parents=True, mode=0o700)
     (secret / "split.key").write_text("")

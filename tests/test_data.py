@@ -1,6 +1,5 @@
 import io
 import json
-import shutil
 import sysconfig
 import socket
 import threading
@@ -51,8 +50,7 @@ def test_builtin_layout_and_determinism(tmp_path):
     train = docs_of(tok, "train")
     assert len(train) == meta["train"]["docs"] and all(len(d) <= data.DOC_MAX_CHARS for d in train)
     assert data.check_prepared(tmp_path / "a", "builtin", VOCAB) == tok
-    # same text, same key, same split, same tokens, in another cache
-    shutil.copytree(tmp_path / "a" / ".secret", tmp_path / "b" / ".secret")
+    # same text, same key (the installation's, outside the cache), same split, same tokens, in another cache
     other = data.load_meta(data.prepare("builtin", cache=tmp_path / "b", vocab_size=VOCAB, max_bytes=150_000))
     for key in ("raw_sha256", "tokenizer_sha256"):
         assert other[key] == meta[key]
@@ -64,19 +62,20 @@ def test_builtin_layout_and_determinism(tmp_path):
     assert data.load_meta(tok)["created_at"] == meta["created_at"]
 
 
-def test_builtin_validation_comes_from_the_hidden_test_suite_by_a_secret_key(tmp_path):
+def test_builtin_validation_comes_from_the_hidden_test_suite_by_a_secret_key(tmp_path, monkeypatch):
     """The validation documents of `builtin` are files no run needs (the stdlib's test suite), which the sandbox
     hides; which of them is a secret of the installation, so replaying the split over readable files fails."""
     test_dir = Path(sysconfig.get_paths()["stdlib"]) / "test"
     if not test_dir.is_dir():
         pytest.skip("this Python has no Lib/test")
     vals = []
-    for cache in ("a", "b"):
+    for cache in ("a", "b"):                                                 # two installations, two keys
+        monkeypatch.setenv("AR_SECRET_DIR", str(tmp_path / f"secret-{cache}"))
         tok = data.prepare("builtin", cache=tmp_path / cache, vocab_size=VOCAB, max_bytes=150_000)
         raw = json.loads((tok.parent / "raw.json").read_text())
         assert raw["hidden"] == [str(test_dir.resolve())] and raw["val_readable"] is False
         assert str(test_dir.resolve()) in data.hidden_sources(tok) and not data.validation_readable(tok)
-        key = tmp_path / cache / ".secret" / "split.key"
+        key = tmp_path / f"secret-{cache}" / "split.key"
         assert key.stat().st_mode & 0o077 == 0 and str(key.parent) in data.hidden_sources(tok)
         vals.append(docs_of(tok, "val"))
         sources = "".join(p.read_text(errors="replace") for p in test_dir.rglob("*.py"))

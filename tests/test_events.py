@@ -209,7 +209,7 @@ def test_a_real_loop_writes_its_events_in_order_and_status_folds_them(tmp_path):
             return x.get("id") == 2 and x["phase"] == "training" and st["step"] and st["state"] == "running"
         wait_for(training_2, timeout=60, what="experiment 2 training")
         out = CliRunner().invoke(app, ["status", "--repo", str(root)], terminal_width=200).output
-        assert f"running: pid {p.pid}" in out and "now: experiment 0002 (propose, training) strategy:" in out, out
+        assert f"running: pid {p.pid}" in out and "now: experiment 0002, a proposal, is training: strategy:" in out, out
         assert "step" in out and "best: " in out and "1 keep" in out
         _, err = p.communicate(timeout=60)
         assert p.returncode == 0, err

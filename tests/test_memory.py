@@ -82,7 +82,7 @@ def test_memory_loop_refuses_a_repeat_lists_a_near_miss_and_switches_strategy(tm
     r = ar("journal", "--repo", str(root))
     assert r.exit_code == 0 and "## Near misses\n\n- 0005" in r.output
     assert "- 0005: bigger" in r.output and "- 0007: revisit" in r.output
-    assert (tag_dir / "journal.md").read_text().strip() == r.output.strip()
+    assert (tag_dir / "journal.md").read_text().strip() == r.stdout.strip()          # (stderr names the tag)
     r = ar("report", "--repo", str(root), "--tag", "t")                                # the report links it
     assert r.exit_code == 0 and f"research journal: {tag_dir / 'journal.md'}" in r.output, r.output
 

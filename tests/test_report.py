@@ -337,7 +337,7 @@ def test_piped_report_is_one_line_per_row_and_plain(upstream_repo):
     title = next(i for i, ln in enumerate(out) if ln.startswith("top 6 of 7 experiments"))
     assert out[title + 1].split("\t")[:3] == ["#", "commit", "val_bpb"]
     table = out[title + 2:out.index("", title)]
-    assert len(table) == 6 and all(len(ln.split("\t")) == 9 for ln in table)   # one line per row, 9 columns
+    assert len(table) == 6 and all(len(ln.split("\t")) == 10 for ln in table)  # one line per row, 10 columns
     assert sum(long.strip() in ln for ln in table) == 4                          # the 4 kept rows, unwrapped
     assert any(ln.startswith("reproduce\tgit checkout a7b8c9d") for ln in out)
 

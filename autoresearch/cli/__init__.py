@@ -144,7 +144,10 @@ def main() -> None:
         # Not standalone: click's usage errors come here too, to be one line (or JSON) like ArError.
         code = app(standalone_mode=False)  # Ctrl-C: typer returns 130
     except _UsageErrors as e:
-        if type(e).__name__ == "NoArgsIsHelpError":  # plain `ar`: the help is printed already
+        if type(e).__name__ == "NoArgsIsHelpError":  # plain `ar`: the usage, as `ar --help` prints it
+            text = e.format_message()              # on a terminal Rich printed it already (and left this empty)
+            if text.strip():
+                console.out(text, highlight=False)
             sys.exit(2)
         ctx = getattr(e, "ctx", None)
         hint = f" (see `{ctx.command_path} -h`)" if ctx is not None and e.exit_code == 2 else ""

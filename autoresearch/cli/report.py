@@ -16,7 +16,8 @@ from .. import report as rep
 @app.command()
 def report(
     repo: Annotated[Path, typer.Option(help="The repository holding runs/.")] = Path("."),
-    tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the newest).")] = None,
+    tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the tag of the branch you are on, else "
+                                                   "today's, else the newest).")] = None,
     all_tags: Annotated[bool, typer.Option("--all", help="Every tag under runs/, oldest first.")] = False,
     top: Annotated[int, typer.Option(help="Rows in the top table.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
@@ -26,11 +27,13 @@ def report(
 ) -> None:
     """Read the results of a run or a sweep: the best config and how to reproduce it."""
     warn = lambda msg: err_console.print(f"warning: {msg}", highlight=False, soft_wrap=True)  # noqa: E731
-    tags, rows = rep.load(repo, tag, all_tags, warn=warn)
+    tags, rows, choice = rep.load(repo, tag, all_tags, warn=warn)
+    if choice is not None and choice.why != "--tag" and not as_json:   # JSON: its `tag_from`
+        err_console.print(choice.line(), highlight=False, soft_wrap=True)   # which tag, and why (tags.py)
     data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row),
                      objective=rep.objective_of(repo, tags))
     written = plots.write_plots(data, rows, repo, plot, warn)
-    data.update(written, journals=rep.journals(repo, tags))
+    data.update(written, journals=rep.journals(repo, tags), tag_from=choice.why if choice else "--all")
     if as_json:
         console.out(json.dumps(data), highlight=False)
         return

@@ -17,7 +17,7 @@ from ..ledger import Row, Status
 from ..session import Event, Summary
 from ..session import build
 from ..status import read_status
-from . import app, brackets, console
+from . import app, brackets, console, err_console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
           "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}
@@ -85,7 +85,8 @@ def scale_out(gpus: str | None, stale_policy: str | None, executor: str | None, 
 def run(
     repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
     tag: Annotated[Optional[str], typer.Option(help="Experiment tag: branch autoresearch/TAG, runs/TAG/ "
-                                                   "(default: today, like nov30). An existing tag resumes.")] = None,
+                                                   "(default: the tag of the branch you are on, else today's, "
+                                                   "like nov30). An existing tag resumes.")] = None,
     proposer: Annotated[Optional[str], typer.Option(help="agent | grid | random | strategy "
                                                         "(default: agent if --agent is set, else strategy).")] = None,
     agent: Annotated[Optional[str], typer.Option(help="claude | codex | aider, or a command with {prompt} or "
@@ -127,12 +128,15 @@ def run(
 
 @app.command()
 def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.py.")] = Path("."),
-           tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the running one, else the "
+           tag: Annotated[Optional[str], typer.Option(help="Which runs/<tag>/ (default: the running loop's, else "
+                                                          "the branch you are on, else today's, else the "
                                                           "newest).")] = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the status document (lock holder, the "
                                                                "session's state, best, counts) as JSON.")] = False) -> None:
     """Who holds the lock, what runs now and how far it is, and the best result so far."""
     st = read_status(repo, tag)
+    if st["tag"] and tag is None and not as_json:         # JSON: its `tag_from`
+        err_console.print(f"tag {st['tag']} ({st['tag_from']})", highlight=False, soft_wrap=True)   # tags.py
     if as_json:
         import json
         console.out(json.dumps({"running": st["holder"] is not None, **st}, default=str), highlight=False)
@@ -159,12 +163,26 @@ def _holder_line(st: dict) -> str:
            f"(`{h.get('command')}`)"
 
 
+_KIND = {"baseline": "the baseline", "propose": "a proposal", "knobs": "a knob edit", "rerun": "a re-run of a commit",
+         "commit": "a commit of yours"}
+_PHASE = {"proposing": "being written by the proposer", "committing": "being checked and committed",
+          "training": "training", "evaluating": "being scored by the evaluator",
+          "settling": "being decided and recorded"}
+
+
+def _doing(x: dict) -> str:
+    """`experiment 0004, a proposal, is training: <description>`: what it is and what happens to it, in words."""
+    kind, phase = x.get("kind"), x.get("phase")
+    what = f"experiment {x['id']:04d}, {_KIND.get(kind, kind or 'an experiment')}, is {_PHASE.get(phase, phase)}"
+    return f"{what}: {x['description']}" if x.get("description") else what
+
+
 def _experiment_line(st: dict) -> str:
     s = st["status"] or {}
     x, p = s.get("experiment"), s.get("step")
     if not st["running"] or not x:
         return "now: idle"
-    line = f"now: experiment {x['id']:04d} ({x.get('kind')}, {x['phase']}) {x.get('description') or ''}".rstrip()
+    line = f"now: {_doing(x)}"
     if p and x["phase"] == "training":
         mfu = "?" if p.get("mfu") is None else f"{p['mfu']:.1f}%"
         line += (f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, tok/s {p['tokens_per_s']:,.0f}, "
@@ -182,8 +200,7 @@ def _slot_lines(st: dict) -> list[str]:
         if not x:
             out.append(f"  {where}: idle")
             continue
-        line = f"  {where}: experiment {x['id']:04d} ({x.get('kind')}, {x['phase']}) {x.get('description') or ''}"
-        line = line.rstrip()
+        line = f"  {where}: {_doing(x)}"
         if p and x["phase"] == "training":
             line += f" — step {p['step']}, {p['pct']:.1f}%, loss {p['loss']:.4f}, {p['remaining_s']}s left"
         out.append(line)

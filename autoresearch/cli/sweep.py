@@ -22,7 +22,8 @@ def sweep(
     repo: Annotated[Path, typer.Option(help="The repository with train.py.")] = Path("."),
     config: Annotated[Optional[Path], typer.Option(help="Run config (YAML) for the runner settings.")] = None,
     order: Annotated[Optional[str], typer.Option(help="listed (file order) or cheap-first (by budget).")] = None,
-    dry_run: Annotated[bool, typer.Option(help="Print the plan and its GPU time; run nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option(help="Print the plan and its total time (the budgets plus the per-run "
+                                                     "overhead); run nothing.")] = False,
     early_stop: Annotated[bool, typer.Option(help="Prune points clearly worse at equal progress.")] = False,
     validate_top: Annotated[int, typer.Option(min=0, help="Re-run the best K points with other seeds.")] = 0,
     retry_crashed: Annotated[bool, typer.Option(help="Run crashed points again.")] = False,
@@ -37,6 +38,8 @@ def sweep(
     if not dry_run:
         check_repo(repo)   # another ar holds the repo: say so before the plan
     plan = sf.plan(file, repo, cfg, order=order, retry_crashed=retry_crashed)
+    if not dry_run:
+        sw.check_tree(plan)   # a dirty tree: refused before the plan, naming `ar sweep`
     print_table(f"plan ({order or plan.sweep.order})", ("#", "state", "budget", "point"), plan.rows())
     console.print(plan.summary(), highlight=False)
     if dry_run:

@@ -16,7 +16,8 @@ from .run import LiveView
 
 RepoOpt = Annotated[Path, typer.Option(help="The git repo holding train.py.")]
 TagOpt = Annotated[Optional[str], typer.Option(help="Compare with this tag's best, on its settings (default: the "
-                                                   "newest tag with results).")]
+                                                   "tag of the branch you are on, else today's, as `ar run` "
+                                                   "takes it).")]
 ConfigOpt = Annotated[Optional[Path], typer.Option(help="YAML config (see configs/run.yaml).")]
 
 
@@ -43,12 +44,13 @@ def try_(repo: RepoOpt = Path("."), tag: TagOpt = None, config: ConfigOpt = None
 
 @app.command("eval")
 def eval_(checkpoint: Annotated[Path, typer.Argument(metavar="CHECKPOINT", help="A checkpoint folder (model.json "
-                                                                                "+ weights; `python train.py` writes "
-                                                                                "./checkpoint).")],
+                                                                                "+ weights.safetensors; `python "
+                                                                                "train.py` writes ./checkpoint).")],
           repo: RepoOpt = Path("."), tag: TagOpt = None, config: ConfigOpt = None) -> None:
     """Score a checkpoint with the trusted evaluator (the working tree's train.py rebuilds the model) and show it
     beside the tag's best."""
     cfg = load_config(config, {})
-    result = tryout.run(cfg, repo, tag, lambda t: t.eval_checkpoint(checkpoint.resolve()),
+    folder = tryout.check_checkpoint(checkpoint.resolve())   # refused before anything opens or is numbered
+    result = tryout.run(cfg, repo, tag, lambda t: t.eval_checkpoint(folder),
                         on_event=LiveView(), command="ar " + " ".join(sys.argv[1:]))
     _show(result)

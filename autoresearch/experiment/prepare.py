@@ -237,8 +237,8 @@ def trusted_code(lp, x: Experiment) -> bool:
     spec, trusted = x.spec, lp.trusted_commits
     if spec.kind in ("baseline", "rerun"):
         ok = x.sha in trusted
-    elif spec.kind == "commit":             # the user's own commit, on top of the best
-        ok = x.parent in trusted
+    elif spec.kind == "commit":             # the user's own commit, on top of the best; a re-run of any commit
+        ok = x.sha in trusted if spec.payload.get("again_of") else x.parent in trusted   # (again.py): as trusted as it was
     elif spec.kind == "knobs" or (spec.kind == "propose" and spec.payload.get("proposer") in BUILTIN_PROPOSERS
                                   and lp.proposer is not None and lp.proposer.name in BUILTIN_PROPOSERS):
         replayed = spec.payload.get("replay")

@@ -25,8 +25,10 @@ Sources:
   trained (and evaluated) on their first page only: with whole files about 27% of the stdlib's tokens would
   ever reach a 2048-token row, with 4000-character pieces 85% (vocab 8192, bench/bench_loader.py).
 Validation for `files` is picked by a keyed hash of each document's path (and row), VAL_FRACTION of them, at
-least one; the key is this installation's secret (`<cache>/.secret/split.key`, made on first use, which no
-sandboxed process can read), so the split cannot be replayed from the harness's code. Validation for `builtin*`
+least one; the key is this installation's secret (`~/.config/ar/secret/split.key`, or $AR_SECRET_DIR; made on
+first use, outside the cache so that a rebuilt cache splits the same; a cache with a `.secret/split.key` of its
+own, an older ar's, keeps splitting by that; no sandboxed process can read either), so the split cannot be
+replayed from the harness's code. Validation for `builtin*`
 comes only from the standard library's own test suite (`Lib/test`, VAL_TEST_FRACTION of its documents by the
 keyed hash, the rest train): no run needs those files, and the sandbox hides them (`hidden_sources`) from
 training, the model worker and the agent. Where a Python has no `Lib/test`, validation falls back to the keyed
@@ -315,9 +317,25 @@ def _py_bytes(folder: Path) -> int:
     return total
 
 
+SECRET_DIR = "~/.config/ar/secret"          # the installation's split key: user state, outside the cache
+
+
+def secret_dir() -> Path:
+    """Where this installation's split key lives: $AR_SECRET_DIR, else ~/.config/ar/secret. Outside the cache on
+    purpose: deleting the cache and preparing again gives the same split (a tag's results keep comparing)."""
+    return Path(os.environ.get("AR_SECRET_DIR") or os.path.expanduser(SECRET_DIR))
+
+
 def split_key(cache: Path) -> bytes:
-    """This installation's secret split key (made on first use; readable by the user only, and by no sandbox)."""
-    folder = Path(cache) / ".secret"
+    """This installation's secret split key (readable by the user only, and by no sandbox). A cache that holds a
+    key of its own (`<cache>/.secret/split.key`: an older ar kept it there; the tests' fixture writes an empty
+    one, the unkeyed rule) splits by it; else the key in `secret_dir()`, made on first use."""
+    own = Path(cache) / ".secret" / "split.key"
+    try:
+        return bytes.fromhex(own.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    folder = secret_dir()
     f = folder / "split.key"
     try:
         return bytes.fromhex(f.read_text().strip())
@@ -337,14 +355,21 @@ def split_key(cache: Path) -> bytes:
     return bytes.fromhex(f.read_text().strip())
 
 
+def key_path(cache: Path) -> Path:
+    """The split key file `split_key(cache)` reads (or would make)."""
+    own = Path(cache) / ".secret" / "split.key"
+    return own if own.is_file() else secret_dir() / "split.key"
+
+
 def hidden_sources(tok_dir: Path | None) -> list[str]:
     """What proposal code must not read for this prepared dataset: the raw files its validation text comes from
-    (raw.json's `hidden`) and the installation's split key."""
+    (raw.json's `hidden`) and the installation's split key (the cache's own, and the one in `secret_dir()`)."""
     if tok_dir is None:
         return []
     ddir = Path(tok_dir).parent
     raw = _read_raw(ddir) or {}
-    return [*raw.get("hidden", []), str(ddir.parent / ".secret")]
+    mine = [str(secret_dir())] if secret_dir().exists() else []     # a policy names only what is there to hide
+    return [*raw.get("hidden", []), str(ddir.parent / ".secret"), *mine]
 
 
 def validation_readable(tok_dir: Path | None) -> bool:
