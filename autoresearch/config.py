@@ -42,8 +42,8 @@ class RunConfig:
     allowed_paths: list[str] = field(default_factory=lambda: ["train.py"])  # what a proposal may change
     profile: str = "auto"                  # gpu | cpu | auto (gpu when CUDA is available)
     time_budget: float | None = None       # training seconds; None: the profile's (300 gpu, 20 cpu)
-    startup_allowance: float = 120.0       # the startup credit before the baseline has run (ar's clock); after it,
-                                           # the baseline's smallest startup (experiment/clock.py)
+    startup_allowance: float = 120.0       # the most a run's start-up may take (then it is killed); start-up past
+                                           # what the baseline's allows comes off the window (experiment/clock.py)
     untimed_steps: int | None = None       # compile warm-up steps on random tokens before the window; None: 3 gpu, 0 cpu
     eval_allowance: float = 120.0          # seconds the trusted evaluator's model worker may take
     eval_tokens: int | None = None         # validation tokens; None: the profile's

@@ -28,7 +28,7 @@ class RunRequest:
     profile: Profile
     dataset: str
     cache: Path
-    tok_dir: Path | None                  # the prepared dataset (the run sees a train-only view of it); None: a
+    tok_dir: Path | None                  # the prepared dataset (the run sees meta.json and the tokenizer of it; its tokens come from ar's feed); None: a
                                           # command objective, which reads no prepared data
     train_command: tuple[str, ...]
     train_file: str

@@ -49,7 +49,7 @@ class Workspace:
     src: Path               # the commit's tree
     checkpoint: Path
     scratch: Path
-    data: Path              # the train-only view
+    data: Path              # the data view: meta.json and the tokenizer (the tokens come from the feed)
     job: Path               # the evaluator's folder for this experiment (buffers, eval.log)
     compile: Path | None = None   # the run's compile caches (compile_cache.run_root); None: scratch/cache
 

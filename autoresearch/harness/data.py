@@ -148,7 +148,7 @@ def check_prepared(cache: Path, name: str, vocab_size: int) -> Path:
 
 def check_tok_dir(tok_dir: Path, splits: tuple[str, ...] = ("train", "val")) -> dict:
     """The meta.json of a complete tokenized folder, or a DataError saying what is wrong with it. A training
-    run sees a train-only view (`train_view`): pass splits=("train",) there."""
+    run under ar sees a view without tokens (`train_view`; its tokens come from ar's feed)."""
     tok_dir = Path(tok_dir)
     problem = _tok_problem(tok_dir, splits)
     if problem:

@@ -51,7 +51,7 @@ def resolve_profile(name: str | None = None) -> Profile:
 
 @dataclass(frozen=True)
 class RunEnv:
-    """A training run's settings. Under `ar run` the data folder is a train-only view and the checkpoint folder
+    """A training run's settings. Under `ar run` the data folder is a view without tokens (they come from ar's feed) and the checkpoint folder
     is where the run's weights must go; run by hand, the cache's dataset and ./checkpoint are used."""
 
     profile: Profile
