@@ -98,6 +98,13 @@ def experiment(row, index: int) -> dict:
     return {k: _clean(v) for k, v in d.items()}
 
 
+def window_note(e: dict) -> str | None:
+    """What ar's clock said of a run whose training window was shorter than its budget (from its reason)."""
+    import re
+    m = re.search(r"[^;(]*training window was[^;)]*", e.get("reason") or "")
+    return m.group(0).strip() if m else None
+
+
 def journals(repo: str | Path, tags: Sequence[str]) -> dict[str, str]:
     """tag -> its research journal (runs/<tag>/journal.md, written by `ar run` and `ar journal`), where it exists."""
     runs = RunsLayout(Path(repo))
@@ -295,6 +302,9 @@ def sections(report: dict) -> list[Section]:
         out.append(Section(f"top {len(top)} of {n} experiments ({counts}) — {', '.join(report['tags'])}",
                            ("#", *(("tag",) if several else ()), "commit", metric, "MFU", "tokens", "steps",
                             "trained", "budget", "status", "description"), top))
+    short = [(_number(e), e["commit"][:7], note) for e in report["experiments"] if (note := window_note(e))]
+    if short:
+        out.append(Section("training windows shorter than the budget", ("#", "commit", "why"), short))
     spent = report.get("agent_cost")
     if spent:
         out.append(Section(f"agent cost — {', '.join(report['tags'])}",

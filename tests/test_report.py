@@ -368,3 +368,18 @@ def test_default_tag_is_the_newest_and_all_reads_every_tag(upstream_repo, monkey
     assert data["best"]["commit"] == "a7b8c9d" and data["experiments"][0]["tag"] == "mar5"
     code, out, _ = ar(["report", "--repo", upstream_repo, "--tag", "newer", "--top", "1"], monkeypatch, capsys)
     assert code == 0 and "top 1 of 2 experiments" in out and "per-knob: TOTAL_BATCH_SIZE" in out
+
+
+def test_the_report_lists_windows_shorter_than_the_budget_and_why():
+    from autoresearch.ledger import Row, Status
+    from autoresearch.report import build, sections
+
+    def row(i, reason):
+        return Row(commit=f"{i:07x}", val_bpb=2.0 + i / 10, memory_gb=None, status=Status.DISCARD,
+                   description=f"exp {i}", exp_id=i, tag="t", reason=reason, time_budget=10.0)
+    rows = [row(1, "first result: val_bpb 2.100000 is the baseline"),
+            row(2, "val_bpb 2.200000 is worse than the best 2.100000 by 0.100000; its start-up used 10.2 CPU-s "
+                   "before its first batch, more than the 3.1 the baseline's 2.4 allows: its training window was "
+                   "cut by 7.0s")]
+    table = {s.title: s for s in sections(build(rows, ["t"]))}["training windows shorter than the budget"]
+    assert [r[0] for r in table.rows] == ["2"] and "window was cut by 7.0s" in table.rows[0][2]
