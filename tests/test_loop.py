@@ -301,7 +301,7 @@ def test_hooks_fire_once_in_order_despite_failing_and_hanging_ones(tmp_path):
         loop.enqueue_knobs({"FAIL_MODE": "nan"})
         t0 = time.monotonic()
         loop.run()
-        assert time.monotonic() - t0 < 20
+        assert time.monotonic() - t0 < 30          # two 30-s hooks cut at 1 s each, not 60 s
     lines = log.read_text().split("\n")[:-1]
     assert lines == ["run_started 1 ", "run_finished 1 keep", "kept 1 keep",
                      "run_started 2 ", "run_finished 2 keep", "kept 2 keep",

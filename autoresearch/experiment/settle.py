@@ -173,7 +173,7 @@ def _throughput_ratio(lp, x: Experiment, best: Row, m) -> float | None:
 
 def _confirm(lp, x: Experiment, best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
     """Re-run a would-be new best with another seed; keep when the mean of both still clears the noise."""
-    names = ("train.log", "record.json", "metrics.json")
+    names = [n for n in ("train.log", "record.json", "metrics.json", "timing.json") if (x.exp_dir / n).exists()]
     for n in names:  # the first run's files keep their names; the confirmation's get a -confirm suffix
         os.replace(x.exp_dir / n, x.exp_dir / f"first-{n}")
     mfu = x.mfu
