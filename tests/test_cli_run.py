@@ -38,7 +38,7 @@ def make_repo(tmp_path: Path, train: Path = FIXTURES / "fake_train.py") -> Path:
 
 
 def config_file(tmp_path: Path, **kw) -> Path:
-    base = dict(profile="cpu", time_budget=0.5, startup_allowance=10, eval_allowance=5, prepare_data=False,
+    base = dict(profile="cpu", time_budget=0.5, startup_allowance=10, eval_allowance=30, prepare_data=False,
                 eval_tokens=2048, noise=0.002)        # a configured noise: no calibration runs of the baseline
     base.update(kw)
     f = tmp_path / "run.yaml"

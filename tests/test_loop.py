@@ -50,7 +50,7 @@ def make_repo(tmp_path: Path, name: str = "repo", **knobs) -> Path:
 
 
 def cfg(**kw) -> RunConfig:
-    base = dict(profile="cpu", time_budget=0.5, startup_allowance=10.0, eval_allowance=5.0, prepare_data=False,
+    base = dict(profile="cpu", time_budget=0.5, startup_allowance=10.0, eval_allowance=30.0, prepare_data=False,
                 max_consecutive_crashes=50, eval_tokens=EVAL_TOKENS)        # 0.5 s: 10 steps of the stand-in
     base.update(kw)
     return RunConfig(**base)
@@ -390,7 +390,7 @@ def wait_for(pred, timeout=30.0, what="condition"):
 
 def write_cfg(tmp_path, **kw) -> Path:
     import yaml
-    base = dict(profile="cpu", time_budget=1.0, startup_allowance=10, eval_allowance=5, prepare_data=False,
+    base = dict(profile="cpu", time_budget=1.0, startup_allowance=10, eval_allowance=30, prepare_data=False,
                 eval_tokens=EVAL_TOKENS, noise=0.002)       # a configured noise: `ar run` calibrates none
     base.update(kw)
     f = tmp_path / "cfg.yaml"

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def write_cfg(path: Path, **kw) -> Path:
-    base = dict(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=5, prepare_data=False,
+    base = dict(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=30, prepare_data=False,
                 max_consecutive_crashes=1000, eval_tokens=EVAL_TOKENS)
     base.update(kw)
     path.write_text(yaml.safe_dump(base))

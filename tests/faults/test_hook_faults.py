@@ -20,7 +20,7 @@ def test_failing_hanging_and_killed_hooks(tmp_path, table):
     count = f'echo "$AR_EVENT $AR_EXP_ID" >> {log}'
     # every event has the counting hook, then the three broken ones
     hooks = {e: [count, *BROKEN.values()] for e in EVENTS}
-    c = RunConfig(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=5, prepare_data=False,
+    c = RunConfig(profile="cpu", time_budget=0.1, startup_allowance=10, eval_allowance=30, prepare_data=False,
                   max_consecutive_crashes=100, hooks=hooks, hook_timeout=0.3, eval_tokens=EVAL_TOKENS)
     warnings = []
     t0 = time.monotonic()
