@@ -46,6 +46,9 @@ class RunConfig:
                                            # what the baseline's allows comes off the window (experiment/clock.py)
     untimed_steps: int | None = None       # compile warm-up steps on random tokens before the window; None: 3 gpu, 0 cpu
     eval_allowance: float = 120.0          # seconds the trusted evaluator's model worker may take
+    eval_prestart: float | None = None     # seconds before a training window's end at which the evaluator starts
+                                           # its model workers (buffers, CUDA context; nothing of the proposal);
+                                           # None: 10 on a GPU, 0 (at the checkpoint) on the CPU
     eval_tokens: int | None = None         # validation tokens; None: the profile's
     holdout_tokens: int | None = None      # private hold-out tokens that confirm a new best; None: eval_tokens / 8
     sandbox: bool = True                   # run proposal code under Landlock; false only by --unsandboxed, and
@@ -150,7 +153,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
                                       else 0):
             raise ConfigError(f"{where} must be positive, not {value}")
         return value
-    if key in ("time_budget", "startup_allowance", "eval_allowance", "noise", "min_mfu", "min_tokens_per_s",
+    if key in ("time_budget", "startup_allowance", "eval_allowance", "eval_prestart", "noise", "min_mfu", "min_tokens_per_s",
                "agent_timeout", "hook_timeout", "max_log_mb", "max_usd", "max_hours"):
         if isinstance(value, bool) or not isinstance(value, num) or not math.isfinite(value):
             raise ConfigError(f"{where} must be a finite number, not {value!r}")

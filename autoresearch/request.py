@@ -36,6 +36,7 @@ class RunRequest:
     holdout_tokens: int
     startup_allowance: float              # seconds before training counts (imports, compile), already tightened
     eval_allowance: float
+    eval_prestart: float = 0.0             # seconds before the window's end that the evaluator's workers start
     untimed_steps: int
     max_log_bytes: int
     sandbox: bool

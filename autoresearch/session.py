@@ -469,7 +469,7 @@ class Loop:
             dataset=self.cfg.dataset, cache=default_cache(), tok_dir=self.tok_dir,
             train_command=tuple(self.cfg.train_command), train_file=self.train_file, eval_tokens=self.eval_tokens,
             holdout_tokens=holdout, startup_allowance=self.cfg.startup_allowance,
-            eval_allowance=self.cfg.eval_allowance,
+            eval_allowance=self.cfg.eval_allowance, eval_prestart=self.eval_prestart,
             untimed_steps=self.cfg.untimed_steps if self.cfg.untimed_steps is not None else (
                 3 if self.profile.name == "gpu" else 0),
             max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
@@ -477,6 +477,14 @@ class Loop:
             compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None)
 
     # --------------------------------------------------------------------------------------- helpers
+    @property
+    def eval_prestart(self) -> float:
+        """A GPU worker's CUDA context and buffers take seconds to make, so by default they are made in the
+        window's last 10 s; on the CPU a worker starts in a fraction of a second and would take cores from it."""
+        if self.cfg.eval_prestart is not None:
+            return self.cfg.eval_prestart
+        return 10.0 if self.profile.name == "gpu" else 0.0
+
     def session_budget(self) -> float | None:
         """The budget every experiment of the session runs at; None for a sweep, whose points carry their own."""
         return None if self.command.startswith("ar sweep") else self.budget(None)

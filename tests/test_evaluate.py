@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,20 @@ class Server:
         self.n += 1
         self.proc.stdin.write(json.dumps({**req, "id": self.n}) + "\n")
         self.proc.stdin.write(f"{'go' if go else 'stop'} {self.n}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == f"done {self.n}", self.log.read_text()[-3000:]
+        return json.loads(Path(req["record"]).read_text())
+
+    def score_prestarted(self, req: dict, while_training) -> dict:
+        """As the runner on a GPU: the request, "prestart" (the workers start), `while_training()`, then "go"."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        self.n += 1
+        self.proc.stdin.write(json.dumps({**req, "id": self.n}) + "\n")
+        self.proc.stdin.write(f"prestart {self.n}\n")
+        self.proc.stdin.flush()
+        while_training()
+        self.proc.stdin.write(f"go {self.n}\n")
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == f"done {self.n}", self.log.read_text()[-3000:]
         return json.loads(Path(req["record"]).read_text())
@@ -189,6 +204,38 @@ def test_a_model_that_learns_from_the_stream_and_memoises_its_answers_is_rejecte
     assert rec["val_bpb"] is None and "depend on what it was shown before" in rec["rejected"], rec
     honest = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=2))
     assert honest["rejected"] is None and honest["fresh_max_diff"] == 0, honest
+
+
+def test_prestarted_workers_load_nothing_of_the_proposal_before_go_and_score_the_same(tmp_path, server, job):
+    """"prestart" (the runner's word near the end of training, on a GPU) starts the main and fresh workers early:
+    they map their buffers, but the proposal's train file is imported only after "go" (its import leaves a mark),
+    and the same checkpoint scores exactly as without the pre-start."""
+    import psutil
+    tok = handmade(tmp_path, [0, 1, 2, 3], seed=3)
+    req = job(tok, [0.5, 1.0, -1.0, 2.0], eval_tokens=6 * T, rows=2)
+    mark = tmp_path / "imported.txt"
+    src = Path(req["source"])
+    (src / "models.py").write_text(f"open({str(mark)!r}, 'a').write('x')\n" + MODELS)
+    plain = server.score(req)
+    assert mark.read_text() == "xx"                          # the main worker and the fresh one each import it
+    mark.unlink()
+    seen = {}
+
+    def while_training():
+        deadline = time.monotonic() + 30
+        while not (Path(req["job_dir"]) / "to_worker").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)                                      # the worker has mapped its buffers by now
+        seen["workers"] = [c for c in psutil.Process(server.proc.pid).children(recursive=True)
+                           if c.status() != psutil.STATUS_ZOMBIE]
+        seen["imported"] = mark.exists()
+
+    early = server.score_prestarted(req, while_training)
+    assert len(seen["workers"]) >= 2 and not seen["imported"], seen    # the zygote and a worker, no import yet
+    assert mark.read_text() == "xx"
+    assert early["val_bpb"] == plain["val_bpb"] and early["fresh_max_diff"] == 0, (early, plain)
+    assert early["seconds"]["prestarted"] >= 1.0 > plain["seconds"]["prestarted"], (early, plain)
+    assert set(early["seconds"]) >= {"ready", "main", "fresh", "after_go"}, early
 
 
 def test_changed_data_is_rejected_before_the_model_runs(tmp_path, server, job):

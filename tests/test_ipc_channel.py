@@ -459,6 +459,8 @@ def test_control_workers_side_by_side_do_reach_the_main_workers_channels(tmp_pat
         try:
             workers = _start(req, zygote, time.monotonic() + 120, lanes, 4, "host", started)
             for w in workers:
+                w.expect("mapped")
+                w.send("go")
                 w.expect("ready")
             x = torch.randint(0, 4, (4, T))
             _call(workers[0], x)                 # the main worker's first batch: it opens the channels

@@ -256,6 +256,22 @@ def test_max_consecutive_crashes_and_a_broken_baseline(tmp_path):
     assert s.failed and "baseline" in s.stop_reason and statuses(other) == ["crash"]
 
 
+def test_the_evaluators_workers_start_before_the_window_ends_when_asked(tmp_path):
+    """eval_prestart (10 s on a GPU by default): the runner says "prestart" that long before the training window
+    ends, and the evaluator's workers are ready when the checkpoint is; without it they start at "go"."""
+    root = make_repo(tmp_path)
+    for n, lead in ((1, 1.5), (2, 0.0)):
+        with Loop(cfg(time_budget=2.5, eval_prestart=lead), root, "t", None) as loop:
+            loop.enqueue_knobs({"LR_MULT": 1.0 + n})
+            loop.run(max_experiments=n)
+        rec = json.loads(next((root / "runs" / "t").glob(f"{n:04d}-*/record.json")).read_text())
+        assert rec["val_bpb"] is not None, rec
+        if lead:
+            assert 0.8 < rec["seconds"]["prestarted"] < 5, rec   # from 1 s before the window's end to "go"
+        else:
+            assert rec["seconds"]["prestarted"] == 0, rec
+
+
 def test_rerun_and_confirmation(tmp_path):
     root = make_repo(tmp_path, SEED_NOISE=0.001)
     with Loop(cfg(confirm_new_best=True), root, "t", None) as loop:

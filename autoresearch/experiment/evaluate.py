@@ -2,8 +2,9 @@
 
 The evaluator (harness/evaluator.py) starts when training starts, so its imports, the data hashes and the
 sandboxed model worker's imports overlap training; it waits for "go". After the run, ar checks that the
-package and the data still match the session's fingerprint, then says "go" (or closes the pipe when there is
-no checkpoint to score). The record lands in the experiment's folder; the hold-out score goes to the tag's
+package and the data still match the session's fingerprint, then says "go" (or "stop" when there is no
+checkpoint to score). On a GPU it says "prestart" first, a few seconds before the training window ends, so that the
+model workers' CUDA contexts and buffers are ready at "go" (they load nothing of the proposal before it). The record lands in the experiment's folder; the hold-out score goes to the tag's
 private file, which no log or prompt shows.
 """
 
@@ -123,6 +124,12 @@ class Evaluation:
                "tolerance": 1e-3 if req.device == "cpu" else 2e-3}
         record.unlink(missing_ok=True)
         self.submitted = server.send(json.dumps(doc))
+
+    def prestart(self) -> None:
+        """Training is near its end: the evaluator may start its model workers (trusted work only until "go")."""
+        proc = self.server.proc
+        if self.submitted and proc is not None and proc.poll() is None:   # never to a restarted server
+            self.server.send(f"prestart {self.rid}")
 
     def finish(self, go: bool) -> Verdict:
         """Release the evaluator (go) or tell it there is nothing to score; wait; read the record."""

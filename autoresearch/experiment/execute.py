@@ -145,12 +145,13 @@ def tree_cpu(proc) -> float | None:
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
         on_line: Callable[[str], str | None] | None = None, allowance: clock.Credit | None = None,
-        turn=None) -> TrainOutcome:
+        turn=None, near_end: Callable[[], None] | None = None) -> TrainOutcome:
     """Train once; `allowance` is the baseline's start-up so far (clock.py; empty until the baseline has run).
     `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the
     process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
     is taken, and ar's clock starts with the turn). The training tokens come from `Feed` (harness/feed.py),
-    which opens the window at the first batch and ends it after the budget, less what clock.py charges."""
+    which opens the window at the first batch and ends it after the budget, less what clock.py charges.
+    `near_end` is called `req.eval_prestart` seconds before the window's end (the evaluator's workers start then)."""
     cmd = list(req.train_command)
     credit = allowance or clock.Credit()
     go_r = go_w = None
@@ -169,6 +170,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     cpu0: list[float] = [0.0]         # the run's CPU seconds when ar's clock started (the launcher's are not its)
     start_cost: list = []
     taken: list[bool] = []
+    timers: list[threading.Timer] = []
     ready = threading.Event()
 
     def opened() -> float:
@@ -177,6 +179,10 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         wall, used = time.time() - t_start[1], (cpu - cpu0[0] if cpu is not None else None)
         cost, why = clock.start_up_cost(credit, req.device, wall, used)
         start_cost[:] = [used, cost, why]
+        if near_end is not None and req.eval_prestart > 0:
+            timers.append(threading.Timer(max(0.0, req.time_budget - cost - req.eval_prestart), near_end))
+            timers[-1].daemon = True
+            timers[-1].start()
         return cost
 
     feed = Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=opened) if req.tok_dir else None
@@ -227,6 +233,9 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
                                   gate=gate if go_r is not None else None, pass_fds=fds,
                                   on_start=lambda proc: (procs.append(proc), feed and feed.close_child_end()))
     finally:
+        for t in timers:                  # a run that ended early: the evaluator's workers start at "go"
+            t.cancel()
+            t.join()
         for fd in (go_r, go_w):
             if fd is not None:
                 os.close(fd)

@@ -46,7 +46,7 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
-                          allowance=allowance, turn=turn)
+                          allowance=allowance, turn=turn, near_end=ev.prestart)
         tampered, broken = _after_checks(after_run, fingerprint)
         has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
         if has_ckpt:   # what was built (repeats.same_build compares it); small, and the weights stay out

@@ -36,8 +36,15 @@ A hold-out slice (validation rows after the evaluated ones) is scored the same w
 private file the runner names, never to the record or any log.
 
 The record: val_bpb, eval_tokens, eval_bytes, dataset, seq_len, rejected (a reason, or None), causal_max_diff,
-purity_max_diff, fresh_max_diff, seconds {total, after_go}; transfer ("ipc" or "host": how the buffers were
+purity_max_diff, fresh_max_diff, seconds {total, after_go, prestarted (how long before "go" the workers were
+started; 0 without "prestart"), ready, main, holdout, fresh (each after "go": the main worker's model loaded, its
+pass, the hold-out's, the fresh re-score)}; transfer ("ipc" or "host": how the buffers were
 shared) and, only where a CUDA evaluation fell back to the host, transfer_note (one line: why CUDA IPC failed).
+
+The runner's word on a request (serve: one line each, after the request): "prestart ID", optional, when training
+is near its end (the workers and their buffer owners start then and do trusted work only: buffers, CUDA context,
+mapping; no proposal code is loaded before "go"), then "go ID" (the checkpoint is complete and every process of
+the run is gone) or "stop ID" (nothing to score).
 
 REQUEST (JSON): tok_dir, dataset, seq_len, eval_tokens, holdout_tokens, rows, device, manifest {file: sha256},
 checkpoint, source, train_file, job_dir, record, private, timeout, sandbox (bool), policy (the worker's
@@ -86,6 +93,43 @@ class Rejected(Exception):
 
 class _NoIPC(Exception):
     """CUDA IPC failed on the trusted side (the buffer owner, or the mapping here): host transfer instead."""
+
+
+class Release:
+    """The runner's word on one request, a line at a time from `readline`: an optional "prestart ID", then "go ID"
+    or "stop ID" (without an id when `rid` is None: a single request's). Anything else counts as "stop"."""
+
+    def __init__(self, rid, readline):
+        self.rid, self.readline = rid, readline
+        self.word: str | None = None             # the last word read: prestart, go, stop
+        self.at: dict[str, float] = {}           # when each word arrived (monotonic)
+
+    def _next(self) -> None:
+        parts = self.readline().split()
+        word = parts[0] if parts else "stop"
+        if parts[1:] != ([] if self.rid is None else [str(self.rid)]) or word not in ("prestart", "go", "stop"):
+            word = "stop"
+        self.word = word
+        self.at.setdefault(word, time.monotonic())
+
+    @property
+    def settled(self) -> bool:
+        """Whether "go" or "stop" has been read (serve reads on until it has, whatever the evaluation did)."""
+        return self.word in ("go", "stop")
+
+    def prestart(self) -> None:
+        """Return at "prestart" or "go"; raise Rejected at "stop"."""
+        if self.word is None:
+            self._next()
+        if self.word == "stop":
+            raise Rejected("the run ended without a checkpoint")
+
+    def go(self) -> None:
+        """Return at "go" (the checkpoint is complete); raise Rejected at "stop"."""
+        while not self.settled:
+            self._next()
+        if self.word != "go":
+            raise Rejected("the run ended without a checkpoint")
 
 
 class Zygote:
@@ -255,9 +299,9 @@ def _batches(tok_dir: Path, rows: int, seq_len: int, n_tokens: int, skip_tokens:
     return out
 
 
-def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = None) -> dict:
+def evaluate(req: dict, zygote: Zygote, release: Release, cache: dict | None = None) -> dict:
     """Score the checkpoint named by `req`; returns the record (the runner's) and the hold-out (private).
-    `go()` returns when the checkpoint is complete (raises Rejected when there is none)."""
+    The workers start at `release.prestart()`, the model loads after `release.go()` (the checkpoint is complete)."""
     import numpy as np
     import torch
 
@@ -287,39 +331,38 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
                           _batches(tok_dir, B, T, holdout, skip_tokens=record["eval_tokens"]) if holdout else [])
         batches, held = cache[key]
         device = torch.device(req["device"])
-        go()                                     # the runner: the checkpoint is complete
-        t_go = time.monotonic()
-        deadline = time.monotonic() + float(req["timeout"])
+        release.prestart()                       # near the end of training, or at "go"
+        t_pre = time.monotonic()
+        deadline = t_pre + float(req["timeout"])
         lanes = [(job, B, req["policy"])]        # (folder, rows, policy) of the main model worker
-        fresh_lane = None                        # the fresh one's: started once the main one is gone
+        fresh_lane = None                        # the fresh one's: it loads the proposal once the main one is gone
         if req.get("fresh_job_dir"):
             fresh_dir = Path(req["fresh_job_dir"])
             fresh_dir.mkdir(exist_ok=True)
             from .sandbox import give_to_sandbox
             give_to_sandbox(fresh_dir)
             fresh_lane = (fresh_dir, min(B, int(req.get("fresh_rows") or B)), req["fresh_policy"])
-        for transfer in (["ipc", "host"] if device.type == "cuda" else ["host"]):
-            record["transfer"] = transfer
-            # with CUDA IPC the fresh worker starts now too (its CUDA context and mapping take a while), but does
-            # only trusted work until its "go"; it may write nothing but its own /proc entries, its folder and
-            # its owner's files, so the main worker has nothing of it to reach. On the host it starts later
-            prestart = fresh_lane is not None and transfer == "ipc"
-            try:
-                workers = _start(req, zygote, deadline, lanes + ([fresh_lane] if prestart else []), V, transfer,
-                                 started, go=1)
-                workers[0].expect("ready")
-                break
-            except (Rejected, _NoIPC) as e:
-                # CUDA IPC unavailable (some sandboxed GPU runtimes), or the shared-namespace worker refused
-                # something the GPU stack needs: logits through the host, in workers of their own namespaces (a
-                # broken model fails there the same way), and the record says why
-                if transfer != "ipc":
-                    raise
-                print(f"evaluator: {e}; falling back to host transfer", file=sys.stderr, flush=True)
-                record["transfer_note"] = " ".join(str(e).split())[:300]
-                _retire(zygote, started)
-                started.clear()
-        worker, fresh = workers[0], workers[1] if prestart else None
+        transfers = ["ipc", "host"] if device.type == "cuda" else ["host"]
+        worker, fresh = _open(req, zygote, deadline, lanes, fresh_lane, V, transfers, started, record)
+        release.go()                             # the checkpoint is complete; the run's processes are gone
+        t_go = release.at["go"]
+        phases = {"prestarted": round(max(0.0, t_go - t_pre), 3)}
+        deadline = t_go + float(req["timeout"])
+        for w in started:
+            w.deadline = deadline
+        worker.send("go")
+        try:
+            worker.expect("ready")
+        except Rejected as e:
+            if record["transfer"] != "ipc":
+                raise
+            # the model could not load in the shared-namespace worker (something the GPU stack needs was refused):
+            # the host path, in workers of their own namespaces, where a broken model fails the same way
+            _fall_back(zygote, started, record, e)
+            worker, fresh = _open(req, zygote, deadline, lanes, fresh_lane, V, ["host"], started, record)
+            worker.send("go")
+            worker.expect("ready")
+        phases["ready"] = round(time.monotonic() - t_go, 3)
         token_bytes = token_bytes.to(device)
         secret = secrets.SystemRandom()
         check_at = secret.randrange(len(batches))
@@ -332,10 +375,12 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
         if not math.isfinite(bpb):
             raise Rejected("val_bpb is not finite")
         record.update(val_bpb=bpb, eval_bytes=nbytes)
+        phases["main"] = round(time.monotonic() - t_go, 3)
         private = {"holdout_bpb": None, "holdout_tokens": 0}
         if held:
             hn, hb = _score(worker, held, token_bytes, holdout, device, keep=sample, first=len(batches))
             private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
+            phases["holdout"] = round(time.monotonic() - t_go, 3)
         if fresh_lane is not None:   # the main worker, its owner, every process it left and every file it made
             spare = [p for p in (fresh, fresh and fresh.owner) if p is not None]   # in its folder are gone before
             mine = [p for p in started if p not in spare]          # the fresh one loads anything of the proposal:
@@ -345,11 +390,13 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
             t_fresh = time.monotonic()
             if fresh is None:
                 fresh = _start(req, zygote, deadline, [fresh_lane], V, record["transfer"], started)[0]
-            else:
-                fresh.send("go")
+                fresh.expect("mapped")
+            fresh.send("go")
             _check_fresh(fresh, batches + held, sample, secret, device, req, record)
             record["fresh_seconds"] = round(time.monotonic() - t_fresh, 3)
-        record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3)}
+            phases["fresh"] = round(time.monotonic() - t_go, 3)
+        record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3),
+                             **phases}
     except Rejected as e:
         record.update(val_bpb=None, rejected=str(e))
         private = {"holdout_bpb": None, "holdout_tokens": 0}
@@ -365,12 +412,41 @@ def evaluate(req: dict, zygote: Zygote, go=lambda: None, cache: dict | None = No
     return {"record": record, "private": private}
 
 
+def _open(req: dict, zygote: Zygote, deadline: float, lanes: list, fresh_lane, V: int, transfers: list[str],
+          started: list, record: dict):
+    """(main worker, fresh worker or None): started and their buffers mapped, no proposal loaded yet. The first
+    transfer that works: with "ipc" the fresh worker starts now too (its CUDA context and mapping take a while;
+    it may write nothing but its own /proc entries, its folder and its owner's files, so the main worker has
+    nothing of it to reach); with "host" it starts once the main one is gone."""
+    for transfer in transfers:
+        record["transfer"] = transfer
+        both = fresh_lane is not None and transfer == "ipc"
+        try:
+            workers = _start(req, zygote, deadline, lanes + ([fresh_lane] if both else []), V, transfer, started)
+            for w in workers:
+                w.expect("mapped")
+            return workers[0], (workers[1] if both else None)
+        except (Rejected, _NoIPC) as e:
+            if transfer == transfers[-1]:
+                raise
+            _fall_back(zygote, started, record, e)
+    raise AssertionError("no transfer")
+
+
+def _fall_back(zygote: Zygote, started: list, record: dict, why: Exception) -> None:
+    """CUDA IPC failed (some sandboxed GPU runtimes): retire its workers and note why; the host path follows."""
+    print(f"evaluator: {why}; falling back to host transfer", file=sys.stderr, flush=True)
+    record["transfer_note"] = " ".join(str(why).split())[:300]
+    _retire(zygote, started)
+    started.clear()
+
+
 def _start(req: dict, zygote: Zygote, deadline: float, lanes: list, V: int, transfer: str,
-           started: list, go: int | None = None) -> list[_Worker]:
-    """A model worker per lane (folder, rows, policy), each told "go" (it loads the model) once its buffers exist:
-    with "ipc", made by a buffer owner of its own (every owner starts at once; a worker starts once its owner
-    has exported them, since its policy names the owner's files), with "host", files in its folder. Every child
-    started is added to `started`."""
+           started: list) -> list[_Worker]:
+    """A model worker per lane (folder, rows, policy), each once its buffers exist: with "ipc", made by a buffer
+    owner of its own (every owner starts at once; a worker starts once its owner has exported them, since its
+    policy names the owner's files), with "host", files in its folder. None is told "go" (the model loads then).
+    Every child started is added to `started`."""
     T = int(req["seq_len"])
     owners = []
     for _, rows, _ in lanes if transfer == "ipc" else []:
@@ -400,8 +476,6 @@ def _start(req: dict, zygote: Zygote, deadline: float, lanes: list, V: int, tran
                                 "env": env}, deadline)
         started.append(w)
         w.inp, w.out, w.owner = inp, out, owner
-        if go is None or i < go:        # the first `go` lanes load the model now, the others when told "go"
-            w.send("go")
         workers.append(w)
     return workers
 
@@ -604,9 +678,9 @@ def _write(path: str | None, doc: dict) -> None:
         os.replace(tmp, path)
 
 
-def _run(req: dict, zygote: Zygote, go, cache: dict) -> None:
+def _run(req: dict, zygote: Zygote, release: Release, cache: dict) -> None:
     try:
-        result = evaluate(req, zygote, go, cache)
+        result = evaluate(req, zygote, release, cache)
     except Exception as e:                           # a harness failure, not the model's: the runner says so
         traceback.print_exc()
         result = {"record": {"val_bpb": None, "rejected": None, "error": f"{type(e).__name__}: {e}"}, "private": {}}
@@ -615,7 +689,7 @@ def _run(req: dict, zygote: Zygote, go, cache: dict) -> None:
 
 
 def serve() -> int:
-    """A session's evaluator: one request (a JSON line) at a time; "go ID" / "stop ID" release it; "done ID"."""
+    """A session's evaluator: one request (a JSON line) at a time; "prestart ID", "go ID" / "stop ID"; "done ID"."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))     # ar's stop: the finally below still runs
     zygote = Zygote(sys.stderr)
     cache: dict = {}
@@ -624,16 +698,10 @@ def serve() -> int:
             if not line.strip():
                 continue
             req = json.loads(line)
-            released: list[str] = []
-
-            def go(rid=req["id"]):
-                released.append(sys.stdin.readline())
-                if released[0].split() != ["go", str(rid)]:
-                    raise Rejected("the run ended without a checkpoint")
-
-            _run(req, zygote, go, cache)
-            if not released:             # rejected before the run ended (changed data): its go/stop still comes
-                sys.stdin.readline()
+            release = Release(req["id"], sys.stdin.readline)
+            _run(req, zygote, release, cache)
+            while not release.settled:   # rejected before the run ended (changed data): its go/stop still comes
+                release._next()
             print(f"done {req['id']}", flush=True)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a stop now must not cut the fork server's cleanup short
@@ -646,14 +714,9 @@ def main(argv: list[str]) -> int:
     if argv == ["serve"]:
         return serve()
     req = json.loads(Path(argv[0]).read_text())
-
-    def go():
-        if sys.stdin.readline().strip() != "go":
-            raise Rejected("the run ended without a checkpoint")
-
     zygote = Zygote(sys.stderr)
     try:
-        _run(req, zygote, go, {})
+        _run(req, zygote, Release(None, sys.stdin.readline), {})
     finally:
         zygote.close()
         remove_owner_files(os.getpid())

@@ -2,8 +2,10 @@
 
 Runs in a child of the zygote (zygote.py), inside the sandbox, in a fresh process for every evaluation.
 
-Maps the buffers first (trusted work only), then waits for "go"; then loads the proposal's train file by path
-(not as __main__), builds the model with the checkpoint's factory, loads its weights, and answers the evaluator over stdin/stdout, one line each way:
+Maps the buffers first (trusted work only) and says "mapped", then waits for "go" (it may be started before
+training ends); then loads the proposal's train file by path (not as __main__), builds the model with the
+checkpoint's factory (on the GPU, there directly), loads its weights, says "ready" and answers the evaluator over
+stdin/stdout, one line each way:
     evaluator: "run N"  -> the worker reads N rows of token ids from the shared input buffer, writes the logits
                            [N, T, V] into the shared output buffer, answers "ok" (or "err MESSAGE")
     evaluator: "exit"
@@ -60,6 +62,7 @@ def main(job_dir: str) -> int:
         else:
             inp = torch.from_file(str(Path(job_dir) / "in.bin"), shared=True, size=B * T, dtype=torch.int64)
             out = torch.from_file(str(Path(job_dir) / "out.bin"), shared=True, size=B * T * V, dtype=torch.float32)
+        say("mapped")
         if sys.stdin.readline().strip() != "go":  # "go": the checkpoint is complete (and, for a fresh worker,
             return 0                              # the main one is gone)
         meta = checkpoint.read_meta(Path(job["checkpoint"]))
@@ -69,7 +72,8 @@ def main(job_dir: str) -> int:
         factory = getattr(module, meta["factory"], None)
         if not callable(factory):
             raise ValueError(f"{job['train_file']} has no function {meta['factory']}() (named by the checkpoint)")
-        model = factory(dict(meta["config"]))
+        with torch.device(device):                # built where it runs: no pass over the weights on the host
+            model = factory(dict(meta["config"]))
         load_model(model, str(Path(job["checkpoint"]) / checkpoint.WEIGHTS), strict=True)
         model = model.to(device).eval()
         inp, out = inp.view(B, T), out.view(B, T, V)
