@@ -306,10 +306,11 @@ def test_a_cuda_evaluation_without_cuda_ipc_falls_back_to_the_host_and_says_why(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_cuda_evaluation_in_the_sandbox_shares_its_buffers_through_cuda_ipc(tmp_path):
+@pytest.mark.parametrize("prestart", [False, True], ids=["at-go", "prestarted"])
+def test_a_cuda_evaluation_in_the_sandbox_shares_its_buffers_through_cuda_ipc(tmp_path, prestart):
     """One real evaluation on the GPU as the runner asks for it (the real sandbox, the runner's worker policies,
-    the fresh re-score): the buffers must go through CUDA IPC, each worker's made by a buffer owner of its own,
-    not the host fallback; afterwards no file of the evaluation is left in /dev/shm."""
+    the fresh re-score; with and without "prestart"): the buffers must go through CUDA IPC, each worker's made by
+    a buffer owner of its own, not the host fallback; afterwards no file of the evaluation is left in /dev/shm."""
     from autoresearch.experiment.evaluate import fresh_job, worker_policy
     from autoresearch.experiment.execute import Workspace
     from autoresearch.harness import sandbox
@@ -333,7 +334,7 @@ def test_a_cuda_evaluation_in_the_sandbox_shares_its_buffers_through_cuda_ipc(tm
     before = _shm()
     s = Server(tmp_path / "evaluator.log")
     try:
-        rec = s.score(req)
+        rec = s.score_prestarted(req, lambda: time.sleep(3)) if prestart else s.score(req)
     finally:
         s.close()
     log = (tmp_path / "evaluator.log").read_text()[-3000:]
