@@ -272,6 +272,24 @@ def test_the_evaluators_workers_start_before_the_window_ends_when_asked(tmp_path
             assert rec["seconds"]["prestarted"] == 0, rec
 
 
+def test_a_run_that_trained_under_half_its_budget_is_never_kept_on_its_val_bpb(tmp_path):
+    """The same better model (TOTAL_BATCH_SIZE 2**18: the stand-in's val_bpb depends on its knobs, not its steps) three
+    ways: never asking ar's feed, or spending 3 CPU-s of start-up (past what the baseline's allows: the window
+    is cut under half of 2 s), is discarded whatever its val_bpb; trained honestly, it is kept."""
+    root = make_repo(tmp_path)
+    with Loop(cfg(time_budget=2.0), root, "t", None) as loop:
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "FAIL_MODE": "no_feed"})
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "FAIL_MODE": "burn_start", "BURN_CPU_S": 3.0})
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18})
+        loop.run()
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == ["keep", "discard", "discard", "keep"], [r.reason for r in rows]
+    assert rows[1].val_bpb < rows[0].val_bpb and rows[2].val_bpb < rows[0].val_bpb, rows   # better numbers, refused
+    assert "never asked ar's feed" in rows[1].reason and rows[1].training_seconds == 0, rows[1]
+    assert "less than 50%" in rows[2].reason and "cut by" in rows[2].reason, rows[2].reason
+    assert rows[3].val_bpb == pytest.approx(rows[1].val_bpb) == pytest.approx(rows[2].val_bpb)
+
+
 def test_rerun_and_confirmation(tmp_path):
     root = make_repo(tmp_path, SEED_NOISE=0.001)
     with Loop(cfg(confirm_new_best=True), root, "t", None) as loop:
