@@ -290,6 +290,24 @@ def test_a_run_that_trained_under_half_its_budget_is_never_kept_on_its_val_bpb(t
     assert rows[3].val_bpb == pytest.approx(rows[1].val_bpb) == pytest.approx(rows[2].val_bpb)
 
 
+def test_a_checkpoint_that_links_outside_is_refused_and_ar_reads_nothing_through_it(tmp_path):
+    """Workspace attack: the run cannot read a file outside its sandbox, but it can leave a link to one where ar
+    (unsandboxed, root or the user) reads the checkpoint after it: model.json, which ar copies beside the record.
+    Nothing is read through the link, and the run is not scored."""
+    root = make_repo(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-9f3a")
+    secret.chmod(0o600)
+    with Loop(cfg(), root, "t", None) as loop:
+        loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "FAIL_MODE": "link_checkpoint", "LINK_TARGET": str(secret)})
+        loop.run()
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == ["keep", "crash"], [r.reason for r in rows]
+    assert "link" in rows[1].reason and "model.json" in rows[1].reason, rows[1].reason
+    leaked = [p for p in (root / "runs").rglob("*") if p.is_file() and b"SECRET-9f3a" in p.read_bytes()]
+    assert leaked == []
+
+
 def test_rerun_and_confirmation(tmp_path):
     root = make_repo(tmp_path, SEED_NOISE=0.001)
     with Loop(cfg(confirm_new_best=True), root, "t", None) as loop:

@@ -7,6 +7,7 @@ may not); a reason there, or a changed package or data, means the checkpoint is 
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -48,9 +49,11 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
                           allowance=allowance, turn=turn, near_end=ev.prestart)
         tampered, broken = _after_checks(after_run, fingerprint)
-        has_ckpt = (ws.checkpoint / checkpoint.MODEL_JSON).is_file()
-        if has_ckpt:   # what was built (repeats.same_build compares it); small, and the weights stay out
-            shutil.copyfile(ws.checkpoint / checkpoint.MODEL_JSON, exp_dir / checkpoint.MODEL_JSON)
+        tampered = tampered or _links_in(ws.checkpoint)
+        meta = ws.checkpoint / checkpoint.MODEL_JSON
+        has_ckpt = meta.is_file() and not meta.is_symlink()
+        if has_ckpt and not tampered:   # what was built (repeats.same_build compares it); the weights stay out
+            shutil.copyfile(meta, exp_dir / checkpoint.MODEL_JSON, follow_symlinks=False)
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
               and has_ckpt)
         t_eval = time.time()
@@ -69,6 +72,17 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)
     return Trial(out, verdict, has_ckpt, tampered, broken)
+
+
+def _links_in(folder: Path) -> str | None:
+    """Why a checkpoint folder is refused: a symbolic link in it. The run may link to a file it cannot read
+    itself; ar, which reads the checkpoint after it unsandboxed, would read that file through the link."""
+    links = [os.path.relpath(os.path.join(d, n), folder) for d, dirs, files in os.walk(folder)
+             for n in dirs + files if os.path.islink(os.path.join(d, n))]
+    if not links:
+        return None
+    return (f"its checkpoint holds a symbolic link ({', '.join(sorted(links)[:3])}): a checkpoint is plain files, "
+            "and nothing was read through it")
 
 
 def _command_trial(req: RunRequest, git: GitRepo, work_root: Path, exp_dir: Path, fingerprint: Fingerprint | None,
