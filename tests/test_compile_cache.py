@@ -99,3 +99,53 @@ def test_no_compile_cache_means_cold(tmp_path):
         lp.enqueue_knobs({"LR_MULT": 0.9})
         lp.run(max_experiments=2)
     assert seen(root) == {1: [], 2: []}
+
+
+ATTACK = '''
+def _attack():
+    """The agent's run (LR_MULT 2.0) goes for the store itself: it names the entries (its seeded copies bear
+    their names; the store lies beside the run's folder, one level up), hard-links them into its own folder to write through the link, and opens them
+    for writing directly. Each try is counted; what succeeds is said."""
+    from importlib.metadata import version
+    _cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    _root = os.path.dirname(os.path.dirname(os.path.dirname(_cache)))     # <cache>/runcache/<hex>/inductor
+    _store = os.path.join(_root, "compile", "torch-" + version("torch"), "inductor")
+    tried, done = 0, []
+    for _name in [n for n in os.listdir(_cache) if n.startswith("entry-") and n != f"entry-lr{LR_MULT}"]:
+        _entry = os.path.join(_store, _name)      # the seeded copies name the store's entries
+        for _how in ("link", "open"):
+            tried += 1
+            try:
+                _dest = _entry
+                if _how == "link":
+                    _dest = os.path.join(_cache, "hl-" + os.path.basename(_entry))
+                    os.link(_entry, _dest)
+                with open(_dest, "w") as _f:
+                    _f.write("poisoned through " + _how)
+                done.append(_how)
+            except OSError as e:
+                print("attack refused:", _how, type(e).__name__, flush=True)
+    print("attack:", json.dumps({"tried": tried, "done": done}), flush=True)
+'''
+
+
+def test_an_agents_run_cannot_write_the_store_through_a_hard_link_or_directly(tmp_path):
+    """Compile-store attack: the store's entries are files the agent's run can name (its own folder's path gives
+    the store's away); a hard link made in its own writable folder would reach the store's inode. Landlock refuses
+    a link across folders and any write outside the run's own: every try fails, and the store is unchanged."""
+    root = probe_repo(tmp_path)
+    text = (root / "train.py").read_text().replace("    _probe()", "    _probe()\n    if LR_MULT == 2.0:\n        _attack()")
+    (root / "train.py").write_text(text.replace('if __name__ == "__main__":', ATTACK + '\nif __name__ == "__main__":'))
+    import subprocess
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "attack"], cwd=root, check=True)
+    agent = " ".join(shlex.quote(a) for a in (sys.executable, str(AGENTS / "by_experiment.py"),
+                                              json.dumps({"2": {"LR_MULT": "2.0"}}), "{prompt_file}"))
+    with Loop(cfg(), root, "t", AgentProposer(agent, timeout=30)) as lp:
+        lp.run(max_experiments=2)                   # 1 the baseline (fills the store), 2 the agent's attack
+    store = compile_cache.store_dir(default_cache())
+    before = {p.name: p.read_text() for p in (store / "inductor").iterdir()}
+    log = next((root / "runs" / "t").glob("0002-*/train.log")).read_text()
+    said = json.loads(re.search(r"attack: (\{.*\})", log).group(1))
+    assert said["tried"] == 2 * len(before) >= 2 and said["done"] == [], log
+    assert {p.name: p.read_text() for p in (store / "inductor").iterdir()} == before
+    assert all("poisoned" not in text for text in before.values())
