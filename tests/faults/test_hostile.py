@@ -299,12 +299,13 @@ def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_
     base_log = (root / "runs" / "t" / f"{base.exp_id:04d}-{base.commit}" / "train.log").read_text()
     step = sorted(int(d) for d in re.findall(r"dt (\d+)ms", base_log))[-1] / 1000   # the honest run's longest step
     print(f"{attack:18} {row.status.value:9} {row.reason[:220]}")
+    over = False                        # trained longer than the window + a step, by the count below
     if attack == "early_data":       # silent steps from its start, then the whole budget by its own clock
         first = float(re.search(r"real data from (\S+)", log).group(1))
         on_real_data = timing["checkpoint"] - first
         print(f"early_data: {on_real_data:.2f}s on real data (window {cfg.time_budget:g}s + a step {step:.2f}s)")
-        if row.status is not Status.TIMEOUT:        # a late checkpoint is not counted at all; else its training
-            assert on_real_data <= cfg.time_budget + step + 0.5, (on_real_data, log[-1500:])   # fits the window
+        over = row.status is not Status.TIMEOUT and on_real_data > cfg.time_budget + step + 0.5
+        assert not over, (on_real_data, log[-1500:])   # a late checkpoint is not counted; else it fits the window
         assert "read 0 bytes of the training split itself" in log, log[-1500:]
     elif attack == "pretrain_readable":     # 8 s of steps on readable text before its first batch
         assert re.search(r"pretrained [1-9]\d* steps", log), log[-1500:]
@@ -320,10 +321,11 @@ def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_
         free = (clock.CPU_FACTOR - 1) * credit.cpu + clock.CPU_SLACK
         print(f"pretrain_readable: {before:.1f}s before + {metrics['window_seconds']:.1f}s window "
               f"(budget {cfg.time_budget:g}s + step {step:.2f}s + uncharged {free:.2f}s)")
-        assert before + metrics["window_seconds"] <= cfg.time_budget + step + free + 0.05
+        over = before + metrics["window_seconds"] > cfg.time_budget + step + free + 0.05
+        assert not over, (before, metrics)
     else:                                   # honest: a start-up that waits costs its window nothing
         assert metrics["window_seconds"] == pytest.approx(cfg.time_budget, abs=1e-6), metrics
         assert metrics["window_note"] is None and "cut" not in row.reason, row.reason
         assert row.status in (Status.DISCARD, Status.KEEP), (row.status, row.reason)
     # kept or not on its merits: what is counted is the training it got, within the budget for every attack
-    table.add(f"third round: {attack}", trials=1, wrongly_kept=0)
+    table.add(f"third round: {attack}", trials=1, wrongly_kept=int(over and row.status is Status.KEEP))
