@@ -181,7 +181,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             out[event] = cmds
         return out
     if key == "gpus":
-        from .executors import parse_gpus
+        from .slots import parse_gpus
         value = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         parse_gpus(value, probe=False, where=where)
         return value

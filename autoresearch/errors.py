@@ -1,23 +1,12 @@
 """One error family. Library code raises these; only the CLI catches them and prints one line.
 
-Each class carries its exit code (the README's table): 1 a failure, 2 bad input, 3 the lock is held.
+Each class carries its exit code (the README's table): 1 a failure, 2 bad input, 3 the lock is held. The base,
+ConfigError and DataError are the harness's (harness/errors.py: the harness imports nothing of the runner).
 """
 
+from .harness.errors import ArError, ConfigError, DataError
 
-class ArError(Exception):
-    """A user-facing error: the message says what is wrong and what to do."""
-
-    exit_code = 1
-
-
-class ConfigError(ArError):
-    """Bad config, sweep file, flag or knob value: bad input, like a click usage error."""
-
-    exit_code = 2
-
-
-class DataError(ArError):
-    """Missing, empty or corrupt data; a download that failed."""
+__all__ = ["ArError", "ConfigError", "DataError", "GitError", "LockHeld", "GpuError"]
 
 
 class GitError(ArError):

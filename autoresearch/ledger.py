@@ -98,7 +98,7 @@ class Row:
     reason: str = ""
     started_at: str = ""
     finished_at: str = ""
-    sweep: dict = field(default_factory=dict)  # a sweep point's identity: name, point, axes, base (sweepfile)
+    sweep: dict = field(default_factory=dict)  # a sweep point's identity: name, point, axes, base (sweep/file.py)
     agent_tokens: int | None = None  # what the proposal's agent used (tokens in + out) and cost; None: not reported
     agent_usd: float | None = None
 

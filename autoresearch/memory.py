@@ -27,7 +27,7 @@ from .gitops import GitRepo
 from .knobs import KNOB_NAME, safe_eval
 from .layout import RESULTS, RunsLayout, TagLayout
 from .ledger import Row, Status, read_results
-from .experiment.context import write_atomic
+from .files import write_atomic
 from .repeats import REFUSED, TRIED, recorded_change
 from . import objective
 from .objective import DEFAULT, Objective

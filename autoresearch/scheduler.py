@@ -25,7 +25,7 @@ import psutil
 from . import cost
 from .config import RunConfig
 from .errors import ArError, ConfigError
-from .executors import Slot, parse_gpus
+from .slots import Slot, parse_gpus
 from .ledger import Row, Status, now_iso
 from .runner import STOP_INTERRUPTED
 from .experiment import again, prepare, settle

@@ -22,7 +22,7 @@ commit found on the branch at open, run as it is and decided like a proposal). A
 run as `pruned`.
 
 `build` (at the end) is what `ar run` makes of its config: the proposer, the profile, each default said in one
-line. What `ar status` reads back is in status.py.
+line. What `ar status` reads back is in views/status.py.
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ from .objective import shown
 from .proposers import Proposer
 from .queue import ExperimentQueue, Spec
 from .request import RunRequest
-from .executors import Slot, turns_on_one_gpu
+from .slots import Slot, turns_on_one_gpu
 from .executors.local import InlineExecutor
 from .experiment import evaluate, settle
-from .experiment.context import Event, Experiment, SlotContext, write_json
+from .experiment.context import Event, Experiment, SlotContext
+from .files import write_json
 from .scheduler import Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
@@ -181,12 +182,18 @@ class Loop:
             self._lock.release()
             self._open = False
 
-    def _open_locked(self) -> None:
+    def _open_records(self) -> Callable[[str], None]:
+        """Under the lock, what every session opens first: the trust anchors, runs/ ignored, the tag's folder and
+        its ledger. Returns the warning printer the records use."""
         self._trust()
         self.git.ensure_ignored()
         self.tag_dir.mkdir(parents=True, exist_ok=True)
         warn = lambda m: self.say(m, "warn")  # noqa: E731
         self.ledger = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
+        return warn
+
+    def _open_locked(self) -> None:
+        warn = self._open_records()
         self.queue = ExperimentQueue(self.paths.queue, warn=warn)
         self.hooks = Hooks(self.cfg.hooks, self.paths.hooks, timeout=self.cfg.hook_timeout,
                            cwd=self.root, log=warn)

@@ -25,7 +25,8 @@ from .config import RunConfig
 from .errors import ConfigError
 from .events import EventLog
 from .experiment import evaluate, execute, settle
-from .experiment.context import Event, Experiment, write_json
+from .experiment.context import Event, Experiment
+from .files import write_json
 from .gitops import GitRepo, short
 from .harness import checkpoint
 from .layout import RunsLayout
@@ -90,11 +91,7 @@ class Tryout(Loop):
         return ""      # tryout.run says which tag, and why
 
     def _open_locked(self) -> None:
-        self._trust()
-        self.git.ensure_ignored()
-        self.tag_dir.mkdir(parents=True, exist_ok=True)
-        warn = lambda m: self.say(m, "warn")  # noqa: E731
-        self.ledger = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
+        warn = self._open_records()
         self.trials = Ledger(self.tag_dir, warn=warn, sign=self.cfg.objective.sign)
         self.trials.path = self.tag_dir / TRIALS
         self._check_data(self.ledger.rows(), pin=False)

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoresearch import sweep as sw  # noqa: E402
-from autoresearch import sweepfile as sf  # noqa: E402
+from autoresearch.sweep import run as sw  # noqa: E402
+from autoresearch.sweep import file as sf  # noqa: E402
 
 GRID = {"name": "bench", "order": "cheap-first",
         "axes": {"TOTAL_BATCH_SIZE": ["2**16", "2**17", "2**18", "2**19"], "TIME_BUDGET": [300, 600, 1200],

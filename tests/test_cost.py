@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import report as rep
+from autoresearch.views import report as rep
 from autoresearch.config import load_config
 from autoresearch.cost import Usage, UsageReader, spent, summary
 from autoresearch.errors import ConfigError

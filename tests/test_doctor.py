@@ -12,8 +12,8 @@ import git
 import pytest
 from typer.testing import CliRunner
 
-from autoresearch import doctor as dr
-from autoresearch import probe as pr
+from autoresearch.views import doctor as dr
+from autoresearch.views import probe as pr
 from autoresearch.cli import app
 from autoresearch.errors import DataError
 from autoresearch.harness import backend

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.events import KILLED, EventLog, against_lock, compact, fold, read
 from autoresearch.metrics import StepPoint
-from autoresearch.status import read_status
+from autoresearch.views.status import read_status
 
 from test_loop import _isolated, ar, make_repo, wait_for, write_cfg  # noqa: F401  (autouse fixture)
 from test_serve import Served

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch import memory
-from autoresearch import report as rep
+from autoresearch.views import report as rep
 from autoresearch.ledger import Ledger, Row, Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def test_small_token_counts_survive_results_tsv(tmp_path):
 
 def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, prepared_cache):
     from autoresearch.session import Loop
-    from autoresearch.status import read_status
+    from autoresearch.views.status import read_status
     from test_loop import cfg, make_repo
 
     root = make_repo(tmp_path, SEED_NOISE=0.01)
@@ -382,7 +382,7 @@ def test_a_mistyped_config_key_gets_a_suggestion_and_the_run_limits_are_keys(tmp
 
 def test_the_progress_plot_shows_the_noise_threshold():
     import matplotlib.pyplot as plt
-    from autoresearch import plots
+    from autoresearch.views import plots
 
     fig = plots.progress_figure(quick_start_rows(), noise=0.198)
     try:

@@ -23,7 +23,7 @@ from autoresearch.session import Loop
 from autoresearch.proposers.agent import AgentProposer
 from autoresearch.proposers.search import StrategyProposer
 from autoresearch.queue import ExperimentQueue
-from autoresearch.status import read_status
+from autoresearch.views.status import read_status
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTS = FIXTURES / "agents"

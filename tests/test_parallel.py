@@ -21,13 +21,13 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.config import load_config
 from autoresearch.errors import ConfigError, GpuError, LockHeld
-from autoresearch.executors import Slot, parse_gpus
+from autoresearch.slots import Slot, parse_gpus
 from autoresearch.executors.local import LocalExecutor
 from autoresearch.gitops import GitRepo
 from autoresearch.harness.env import default_cache
 from autoresearch.ledger import Status, read_results
 from autoresearch.lock import RepoLock, gpu_lock_path
-from autoresearch.status import read_status
+from autoresearch.views.status import read_status
 from autoresearch.session import Loop as ParallelLoop
 from autoresearch.proposers.search import StrategyProposer
 
@@ -53,21 +53,21 @@ def test_parse_gpus():
 
 
 def test_an_agent_on_one_gpu_takes_turns_by_default(monkeypatch):
-    from autoresearch.executors import turns_on_one_gpu
+    from autoresearch.slots import turns_on_one_gpu
     assert turns_on_one_gpu({"CUDA_VISIBLE_DEVICES": "3"}) == "3,3"
     assert turns_on_one_gpu({"CUDA_VISIBLE_DEVICES": "0,1"}) is None
     assert turns_on_one_gpu({"CUDA_VISIBLE_DEVICES": ""}) is None
-    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0])
+    monkeypatch.setattr("autoresearch.slots.visible_gpus", lambda: [0])
     assert turns_on_one_gpu({}) == "0,0"
-    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0, 1])
+    monkeypatch.setattr("autoresearch.slots.visible_gpus", lambda: [0, 1])
     assert turns_on_one_gpu({}) is None
 
 
 def test_gpus_not_on_this_machine(monkeypatch):
-    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [0])
+    monkeypatch.setattr("autoresearch.slots.visible_gpus", lambda: [0])
     with pytest.raises(GpuError, match="GPU 1 is not on this machine.*cpu:N"):
         parse_gpus("1")
-    monkeypatch.setattr("autoresearch.executors.visible_gpus", lambda: [])
+    monkeypatch.setattr("autoresearch.slots.visible_gpus", lambda: [])
     with pytest.raises(GpuError, match="lists no GPU"):
         parse_gpus("all")
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from autoresearch.cli import app
 from autoresearch.ledger import read_results
-from autoresearch.status import read_status
+from autoresearch.views.status import read_status
 from autoresearch.session import Loop as ParallelLoop
 
 from test_loop import assert_consistent, cfg, make_repo

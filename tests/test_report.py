@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import plots
-from autoresearch import report as rep
+from autoresearch.views import plots
+from autoresearch.views import report as rep
 from autoresearch.ledger import COLUMNS, Ledger, Row, Status
 
 UPSTREAM = Path(__file__).parent / "data" / "upstream_results.tsv"
@@ -372,7 +372,7 @@ def test_default_tag_is_the_newest_and_all_reads_every_tag(upstream_repo, monkey
 
 def test_the_report_lists_windows_shorter_than_the_budget_and_why():
     from autoresearch.ledger import Row, Status
-    from autoresearch.report import build, sections
+    from autoresearch.views.report import build, sections
 
     def row(i, reason):
         return Row(commit=f"{i:07x}", val_bpb=2.0 + i / 10, memory_gb=None, status=Status.DISCARD,

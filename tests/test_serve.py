@@ -183,7 +183,7 @@ def test_serve_errors_are_one_line(tmp_path):
 
 def test_the_dashboard_state_names_the_objective_and_follows_its_direction(tmp_path):
     # A tag measured by a score to maximise: the best is the highest kept, deltas say higher is better.
-    from autoresearch.serve import read_results_state, source_for
+    from autoresearch.views.serve import read_results_state, source_for
     repo = tmp_path / "repo"
     (repo / "runs" / "t").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(repo)], check=True)

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from autoresearch import sweep as sw
-from autoresearch import sweepfile as sf
+from autoresearch.sweep import run as sw
+from autoresearch.sweep import file as sf
 from autoresearch.errors import ConfigError
 from autoresearch.ledger import COLUMNS, Row, Status, read_results
 

@@ -15,9 +15,9 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from . import app, console, print_table
-from .. import doctor as dr
-from .. import probe as pr
+from .app import app, console, print_table
+from ..views import doctor as dr
+from ..views import probe as pr
 from ..config import load_config
 from ..workspace import init_workspace
 

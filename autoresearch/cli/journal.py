@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app, console, err_console
+from .app import app, console, err_console
 from .. import memory
 from ..integrity import no_bytecode
 

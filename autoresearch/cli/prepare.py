@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app, console, err_console
+from .app import app, console, err_console
 
 
 @app.command()

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app, console, err_console, print_table
-from .. import plots
-from .. import report as rep
+from .app import app, console, err_console, print_table
+from ..views import plots
+from ..views import report as rep
 
 
 @app.command()

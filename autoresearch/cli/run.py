@@ -16,8 +16,8 @@ from ..harness.gpus import check_override as check_gpu_table
 from ..ledger import Row, Status
 from ..session import Event, Summary
 from ..session import build
-from ..status import read_status
-from . import app, brackets, console, err_console
+from ..views.status import read_status
+from .app import app, brackets, console, err_console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
           "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}

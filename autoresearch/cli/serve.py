@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app, console, err_console
-from .. import serve as dashboard
+from .app import app, console, err_console
+from ..views import serve as dashboard
 from ..integrity import no_bytecode
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from . import app, console, print_table
-from .. import sweep as sw
-from .. import sweepfile as sf
+from .app import app, console, print_table
+from ..sweep import run as sw
+from ..sweep import file as sf
 from ..config import load_config
 from ..harness.gpus import check_override as check_gpu_table
 from ..session import check_repo

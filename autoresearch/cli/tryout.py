@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app, console
+from .app import app, console
 from .. import tryout
 from ..config import load_config
 from .run import LiveView

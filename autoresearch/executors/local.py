@@ -27,7 +27,7 @@ from ..metrics import DegradedWatch, parse_step
 from ..experiment import settle
 from ..experiment.context import Event, Experiment, SlotContext
 from ..experiment.trial import run_trial
-from . import Slot
+from ..slots import Slot
 
 TAIL_LINES = 64     # the run's last output lines, kept for a log the size cap cut short
 

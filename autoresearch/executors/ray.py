@@ -33,7 +33,7 @@ from ..harness import logfmt
 from ..metrics import parse_step
 from ..experiment import settle
 from ..runner import RunResult
-from . import Slot, parse_gpus
+from ..slots import Slot, parse_gpus
 
 MAX_LOSSES = 3           # a task lost with its worker this often is recorded as a crash
 

@@ -3,16 +3,13 @@ slot hands back for settling (`Outcome`). Plain data: every step reads and fills
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cost import Usage
 from ..errors import ArError
-from ..executors import Slot
+from ..slots import Slot
 from ..gitops import GitRepo
 from ..knobs import read_knobs
 from ..layout import RunsLayout
@@ -98,14 +95,3 @@ def safe_knobs(path: Path) -> dict:
         return read_knobs(path)
     except (ArError, OSError):
         return {}
-
-
-def write_json(path: Path, doc: dict) -> None:
-    write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """A reader never sees half a file (slots write from their own threads: each its own temporary name)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -24,7 +24,8 @@ from ..proposers.search import describe_change
 from ..repeats import built_config, find_repeat
 from ..executors.local import clean_worktree
 from . import settle
-from .context import Experiment, Outcome, SlotContext, safe_knobs, write_json
+from ..files import write_json
+from .context import Experiment, Outcome, SlotContext, safe_knobs
 
 DIFF_CAP = 1 << 20
 BUILTIN_PROPOSERS = ("grid", "random", "strategy")

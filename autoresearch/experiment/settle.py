@@ -24,7 +24,8 @@ from ..metrics import parse_log_file, recompute_mfu
 from ..repeats import built_config, same_build
 from ..runner import STOP_INTERRUPTED
 from . import clock
-from .context import Event, Experiment, SlotContext, write_json
+from ..files import write_json
+from .context import Event, Experiment, SlotContext
 
 
 def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | None, budget: float):

@@ -20,7 +20,7 @@ from ..harness import checkpoint
 from ..integrity import Fingerprint
 from ..request import RunRequest
 from . import command, evaluate, execute
-from .context import write_json
+from ..files import write_json
 
 
 @dataclass

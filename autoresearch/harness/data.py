@@ -57,7 +57,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import DataError
+from .errors import DataError
 from .download import Progress, download, download_all, one_line  # noqa: F401  (download: re-exported)
 from .tokenizer import MAX_VOCAB, MIN_VOCAB, Tokenizer
 

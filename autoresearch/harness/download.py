@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
 
-from ..errors import DataError
+from .errors import DataError
 
 RETRIES = 5                                  # download attempts after the first
 BACKOFF_S = 1.0                              # first retry delay; doubles each attempt

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 PACKAGED_TABLE = Path(__file__).resolve().parents[1] / "resources" / "gpus.yaml"
 USER_TABLE = "~/.config/ar/gpus.yaml"

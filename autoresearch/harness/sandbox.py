@@ -150,21 +150,26 @@ def complement(deny: list[str], read_only: list[str]) -> list[tuple[str, str]]:
             if parent == "/":
                 break
             parent = os.path.dirname(parent)
-    rules = []
-    for s in sorted(split):
-        rules.append((s, "dirs"))
+    rules = [(path, "dirs" if on_the_way else "all") for path, on_the_way in _around(split, set(protected))]
+    rules += [(p, "read") for p, level in protected.items() if level == "read"]
+    return rules
+
+
+def _around(split: set[str], skip: set[str]) -> list[tuple[str, bool]]:
+    """(path, on the way): each folder of `split`, in order, then each entry of it that is neither on the way,
+    nor in `skip`, nor a link (a rule on a link lands on its target, which may be what is protected)."""
+    out = []
+    for folder in sorted(split):
+        out.append((folder, True))
         try:
-            names = os.listdir(s)
+            names = os.listdir(folder)
         except OSError:
             continue
         for name in names:
-            child = os.path.join(s, name)
-            if os.path.islink(child):       # a rule on a link lands on its target, which may be what is protected
-                continue
-            if child not in split and child not in protected:
-                rules.append((child, "all"))
-    rules += [(p, "read") for p, level in protected.items() if level == "read"]
-    return rules
+            child = os.path.join(folder, name)
+            if child not in split and child not in skip and not os.path.islink(child):
+                out.append((child, False))
+    return out
 
 
 def carve(read: list[str], hide: list[str]) -> list[tuple[str, int]]:
@@ -189,16 +194,8 @@ def carve(read: list[str], hide: list[str]) -> list[tuple[str, int]]:
                 if d == p:
                     break
                 d = os.path.dirname(d)
-        for d in sorted(split):
-            out.append((d, FS_READ_DIR))      # listing is inherited downwards: names show, contents do not
-            try:
-                names = os.listdir(d)
-            except OSError:
-                continue
-            for name in names:
-                child = os.path.join(d, name)
-                if child not in split and child not in hidden and not os.path.islink(child):
-                    out.append((child, READ))
+        # listing is inherited downwards: names show, contents do not
+        out += [(path, FS_READ_DIR if on_the_way else READ) for path, on_the_way in _around(split, hidden)]
     return out
 
 

@@ -73,7 +73,7 @@ class Tokenizer:
         try:
             return cls(_HFTokenizer.from_file(str(path)))
         except Exception as e:  # the Rust side raises a bare Exception on a missing or bad file
-            from ..errors import DataError
+            from .errors import DataError
             raise DataError(f"cannot load tokenizer {path}: {e}; run `ar prepare` for this dataset again") from None
 
     def save(self, tok_dir: Path) -> None:

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..ledger import Row
 from ..runner import STOP_INTERRUPTED, run_training
 from ..objective import shown
-from . import Context, Proposal, ProposalFailed
+from .base import Context, Proposal, ProposalFailed
 
 PRESETS: dict[str, list[str]] = {
     # --output-format json / --json change only what is printed (a result object, JSONL events): the cost and

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from ..knobs import Value
 from ..ledger import Row, Status
-from . import Context, Proposal
+from .base import Context, Proposal
 
 
 def _norm(v: Value) -> Value:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import events, objective, tags
-from .errors import ArError
-from .gitops import GitRepo
-from .layout import EVENTS, RESULTS, RunsLayout
-from .ledger import Ledger
-from .lock import read_holder
+from .. import events, objective, tags
+from ..errors import ArError
+from ..gitops import GitRepo
+from ..layout import EVENTS, RESULTS, RunsLayout
+from ..ledger import Ledger
+from ..lock import read_holder
 
 
 def read_status(repo: str | Path, tag: str | None = None) -> dict:

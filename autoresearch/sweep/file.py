@@ -17,7 +17,7 @@ A sweep file (YAML) has these keys; anything else is an error:
 
 Everything decided from the file without running lives here: parsing and validation against train.py's
 knobs, expansion into points, ordering, a point's identity and resume key, and the dry-run plan (`plan`).
-Running the points (early stopping, successive halving, --validate-top) is sweep.py.
+Running the points (early stopping, successive halving, --validate-top) is sweep/run.py.
 
 A point's identity travels as data, never as text to parse back: the spec queued for it carries
 `identity(...)` ({"name", "point", "axes", "base"}), the Loop copies it into the row's `sweep` column, and the
@@ -36,15 +36,15 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from .errors import ConfigError, GitError
-from .knobs import safe_eval
-from .layout import META, RESULTS, RunsLayout
+from ..errors import ConfigError, GitError
+from ..layout import META, RESULTS, RunsLayout
+from ..records import (FINISHED_STATUSES, _num, eval_value, norm_knobs, point_label, show_number,  # noqa: F401
+                       show_value, status_of)
 
 RUNNER_KNOBS = ("TIME_BUDGET",)
 ORDERS = ("listed", "cheap-first")
 DONE_STATUSES = frozenset({"keep", "discard", "pruned", "degraded", "rejected", "stale"})
 FAILED_STATUSES = frozenset({"crash", "timeout"})  # retried only with --retry-crashed
-FINISHED_STATUSES = frozenset({"keep", "discard", "degraded"})  # ran to the end: has a val_bpb
 DEFAULT_OVERHEAD_S = {"gpu": 30.0, "cpu": 10.0}
 _KEYS = {"name", "description", "axes", "fixed", "base", "seeds", "order", "profile", "overhead_s",
          "early_stop", "validate_seeds"}
@@ -89,26 +89,12 @@ class Point:
 
     def config_key(self) -> tuple:
         """The point without its budget: the unit that successive halving promotes."""
-        return (_norm_knobs(self.knobs), self.seed)
+        return (norm_knobs(self.knobs), self.seed)
 
     def key(self, base: str) -> tuple:
         """The resume key; `row_key` gives a ledger row's."""
         fixed = {k: v for k, v in self.knobs.items() if k not in self.axes}
-        return (_norm_knobs(self.axis_values), _norm_knobs(fixed), base, self.seed)
-
-
-def point_label(axes: dict[str, Any], varying: Sequence[str]) -> str:
-    """`K=V ... budget=Ns` over the axes that vary (the knob axes when none does). The budget is shown whenever
-    it varies: two points that differ only in it must not read the same."""
-    shown = [k for k in axes if k in varying] or [k for k in axes if k != "TIME_BUDGET"] or list(axes)
-    parts = []
-    for k in shown:
-        v = axes[k]
-        if k == "TIME_BUDGET":
-            parts.append(f"budget={'-' if v is None else show_number(float(v))}s")
-        else:
-            parts.append(f"{k}={show_value(v)}")
-    return " ".join(parts)
+        return (norm_knobs(self.axis_values), norm_knobs(fixed), base, self.seed)
 
 
 @dataclass
@@ -131,16 +117,6 @@ class Sweep:
 
 
 # ---------------------------------------------------------------- parsing and validation
-
-def eval_value(v: Any) -> Any:
-    """`2**17`, `1e-3`, `3*2**16` -> numbers; any other string stays a string."""
-    if not isinstance(v, str):
-        return v
-    try:
-        return safe_eval(v)
-    except ValueError:
-        return v
-
 
 def check_value(name: str, current: Any, value: Any) -> Any:
     """Value for knob `name` whose value in train.py is `current`, coerced (int -> float for a float knob)."""
@@ -349,7 +325,7 @@ def row_key(row, fixed: Iterable[str], base: str) -> tuple | None:
     knobs = row.knobs or {}
     if any(n not in knobs for n in fixed):
         return None
-    return (_norm_knobs(ident["axes"]), _norm_knobs({n: knobs[n] for n in fixed}), base, row.seed)
+    return (norm_knobs(ident["axes"]), norm_knobs({n: knobs[n] for n in fixed}), base, row.seed)
 
 
 def rows_by_point(points: Sequence[Point], rows: Sequence, base: str) -> dict[int, Any]:
@@ -410,39 +386,9 @@ def estimate_overhead(rows: Sequence, default: float) -> tuple[float, str]:
 
 # ---------------------------------------------------------------- helpers
 
-def status_of(row) -> str:
-    """A row's status as its string value (ledger.Status or a plain string)."""
-    s = row.status
-    return getattr(s, "value", s)
-
-
-def _num(v):
-    if isinstance(v, bool) or v is None:
-        return v
-    return float(v) if isinstance(v, (int, float)) else v
-
-
-def _norm_knobs(knobs: dict) -> tuple:
-    return tuple(sorted((k, _num(eval_value(v))) for k, v in knobs.items()))
-
-
 def _duration(seconds: float) -> str:
     m = int(round(seconds / 60))
     return f"{m // 60}h {m % 60:02d}m" if m >= 60 else (f"{m} min" if m else f"{seconds:.0f} s")
-
-
-def show_value(v) -> str:
-    """A knob value for people: floats as written (1.0), powers of two as 2**N."""
-    return repr(v) if isinstance(v, float) else show_number(v)
-
-
-def show_number(v) -> str:
-    """A number for people: whole floats without the point (300 for 300.0), powers of two as 2**N."""
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    if isinstance(v, int) and v >= 2**10 and v & (v - 1) == 0:
-        return f"2**{v.bit_length() - 1}"
-    return str(v)
 
 
 # ---------------------------------------------------------------- the plan (what --dry-run prints)
@@ -497,10 +443,10 @@ class Plan:
 
 def plan(path: str | Path, repo: str | Path, cfg, *, order: str | None = None, retry_crashed: bool = False) -> Plan:
     """Validate the sweep file against the base's train.py and work out what is left to run. Runs nothing."""
-    from .gitops import GitRepo
-    from .harness.env import PROFILES, resolve_profile
-    from .knobs import scan
-    from .ledger import read_results
+    from ..gitops import GitRepo
+    from ..harness.env import PROFILES, resolve_profile
+    from ..knobs import scan
+    from ..ledger import read_results
 
     head = read_header(path)
     git = GitRepo(repo)

@@ -13,19 +13,16 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, Mapping
 
-from .errors import ArError, ConfigError
-from .harness import gpus
-from .harness.env import default_cache, resolve_profile
-
-if TYPE_CHECKING:
-    from .probe import ProbeReport
+from ..errors import ArError, ConfigError
+from ..harness import gpus
+from ..harness.env import default_cache, resolve_profile
+from .probe import Gpu, ProbeReport, TorchFacts, last_line, run_script, torch_facts  # noqa: F401
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 HEAD_DIM = 128  # the default model's head size
@@ -38,34 +35,6 @@ class Check:
     state: str  # ok / warn / fail
     detail: str
     fix: str | None = None
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    capability: tuple[int, int]
-    vram_mb: float
-
-
-@dataclass(frozen=True)
-class TorchFacts:
-    version: str | None  # None: torch does not import
-    cuda_build: str | None  # torch.version.cuda; None for a CPU-only build
-    cuda_available: bool
-    gpu: Gpu | None
-    arch_list: tuple[str, ...]
-
-
-def torch_facts() -> TorchFacts:
-    try:
-        import torch
-    except ImportError:
-        return TorchFacts(None, None, False, None, ())
-    if not torch.cuda.is_available():
-        return TorchFacts(torch.__version__, torch.version.cuda, False, None, ())
-    p = torch.cuda.get_device_properties(0)
-    gpu = Gpu(p.name, (p.major, p.minor), p.total_memory / 2**20)
-    return TorchFacts(torch.__version__, torch.version.cuda, True, gpu, tuple(torch.cuda.get_arch_list()))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -318,24 +287,6 @@ print("AR_COMPILE_OK %.1f" % (time.time() - t), flush=True)
 """
 
 
-def run_script(script: str, args: list[str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str]:
-    """Run `python -c script args` in its own process group; (exit code or None on timeout, output)."""
-    proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return None, out or ""
-
-
-def last_line(out: str) -> str:
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else "no output"
-
-
 def sdpa_probe(timeout: float = 60) -> dict[str, str | None]:
     rc, out = run_script(SDPA_SCRIPT, [], timeout)
     found = dict(json.loads(ln[len("AR_SDPA "):]) for ln in out.splitlines() if ln.startswith("AR_SDPA "))
@@ -358,7 +309,7 @@ def compile_probe(timeout: float = 120) -> tuple[bool | None, str]:
 # ---------------------------------------------------------------------------------------------------------
 def _data_checker():
     try:
-        from .harness.data import check_prepared
+        from ..harness.data import check_prepared
     except ImportError:
         return None
     return check_prepared
@@ -379,7 +330,7 @@ def check_sandbox(available: tuple[bool, str], isolation: tuple[str, str]) -> Ch
 
 
 def _sandbox_facts() -> tuple[tuple[bool, str], tuple[str, str]]:
-    from .harness import sandbox
+    from ..harness import sandbox
     return sandbox.available(), (sandbox.isolation() if sandbox.abi_version() else ("none", ""))
 
 

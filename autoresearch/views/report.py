@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import cost
-from . import tags as tags_mod
-from .errors import ArError, ConfigError
-from . import objective
-from .layout import RunsLayout
-from .objective import DEFAULT, VAL_BPB, Objective
-from .sweep import seed_stats, verdicts
-from .sweepfile import FINISHED_STATUSES, _norm_knobs, point_label, show_number, show_value, status_of
+from .. import cost
+from .. import tags as tags_mod
+from ..errors import ArError, ConfigError
+from .. import objective
+from ..layout import RunsLayout
+from ..objective import DEFAULT, VAL_BPB, Objective
+from ..records import (FINISHED_STATUSES, norm_knobs, point_label, seed_stats, show_number, show_value,
+                       status_of, verdicts)
 
 CANDIDATES = frozenset({"keep", "discard"})  # rows the top table ranks
 _TIMES = ("training_seconds", "total_seconds", "num_steps", "tokens_per_s", "total_tokens_M", "started_at",
@@ -53,7 +53,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
     """(tags, rows, how the tag was chosen: tags.py's rule; None with --all). Nothing to report (no runs/, no such
     tag, no row yet) is an ArError saying how to get results. A corrupt line of results.tsv is named through `warn`
     and skipped, as `ar run` and `ar status` do."""
-    from .ledger import read_results
+    from ..ledger import read_results
 
     runs = RunsLayout(Path(repo)).runs
     if tag and all_tags:
@@ -196,7 +196,7 @@ def sweep_points(rows: Sequence) -> list[dict]:
     for r in rows:
         ident = getattr(r, "sweep", None) or {}
         if isinstance(ident.get("axes"), dict):
-            key = (ident.get("name"), ident.get("base"), _norm_knobs(ident["axes"]))
+            key = (ident.get("name"), ident.get("base"), norm_knobs(ident["axes"]))
             idents.setdefault(key, ident)
             members.setdefault(key, []).append(r)
             if status_of(r) != "validation":
@@ -206,7 +206,7 @@ def sweep_points(rows: Sequence) -> list[dict]:
     values_on: dict[tuple[Any, str], set] = {}  # (sweep, axis) -> the values seen on it
     for ident in idents.values():
         for k, v in ident["axes"].items():
-            values_on.setdefault((ident.get("name"), k), set()).add(_norm_knobs({k: v}))
+            values_on.setdefault((ident.get("name"), k), set()).add(norm_knobs({k: v}))
     out = []
     for key, ident in idents.items():
         name, mine = ident.get("name"), members[key]

@@ -3,21 +3,75 @@
 Each candidate runs `train.probe_step` for a few steps in its own process (a compile can hang, a CUDA error
 poisons the context) and is compared with an eager reference at its batch size; `choose` is a pure function
 of the results, `run_probe` the budgeted search around an injected `execute`, and `probe` wires the real
-subprocess to them and writes the choice where `harness/backend.py` reads it.
+subprocess to them and writes the choice where `harness/backend.py` reads it. Also what this machine's torch
+and GPU are (`torch_facts`), which doctor's checklist reads too.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .doctor import TorchFacts, last_line, run_script, torch_facts
-from .errors import ArError
-from .harness import backend
+from ..errors import ArError
+from ..harness import backend
+
+
+# ---------------------------------------------------------------------------------------------------------
+# This machine's torch, and a measuring process of its own
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    capability: tuple[int, int]
+    vram_mb: float
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    version: str | None  # None: torch does not import
+    cuda_build: str | None  # torch.version.cuda; None for a CPU-only build
+    cuda_available: bool
+    gpu: Gpu | None
+    arch_list: tuple[str, ...]
+
+
+def torch_facts() -> TorchFacts:
+    try:
+        import torch
+    except ImportError:
+        return TorchFacts(None, None, False, None, ())
+    if not torch.cuda.is_available():
+        return TorchFacts(torch.__version__, torch.version.cuda, False, None, ())
+    p = torch.cuda.get_device_properties(0)
+    gpu = Gpu(p.name, (p.major, p.minor), p.total_memory / 2**20)
+    return TorchFacts(torch.__version__, torch.version.cuda, True, gpu, tuple(torch.cuda.get_arch_list()))
+
+
+def run_script(script: str, args: list[str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str]:
+    """Run `python -c script args` in its own process group; (exit code or None on timeout, output)."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out or ""
+
+
+def last_line(out: str) -> str:
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no output"
+
 
 
 # ---------------------------------------------------------------------------------------------------------

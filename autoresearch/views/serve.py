@@ -28,17 +28,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import memory
-from .errors import ArError, ConfigError
-from .events import against_lock, fold
-from .events import read as read_events
-from .gitops import GitRepo
-from .layout import TagLayout
-from .ledger import read_results
-from .lock import read_holder
-from . import objective
+from .. import memory
+from ..errors import ArError, ConfigError
+from ..events import against_lock, fold
+from ..events import read as read_events
+from ..gitops import GitRepo
+from ..layout import TagLayout
+from ..ledger import read_results
+from ..lock import read_holder
+from .. import objective
 
-RESOURCES = Path(__file__).parent / "resources"
+RESOURCES = Path(__file__).parent.parent / "resources"
 POLL_S = 0.5
 KEEPALIVE_S = 15.0
 DIFF_MAX = 200_000

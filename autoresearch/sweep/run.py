@@ -1,21 +1,20 @@
 """Running a sweep: one experiment (one commit) per point of a sweep file, through the Loop.
 
-The sweep file, its points and the dry-run plan are sweepfile.py. Here: the early-stopping and successive
-halving decisions and the seed statistics of --validate-top (pure), the EarlyStopper that feeds the first to
+The sweep file, its points and the dry-run plan are sweep/file.py. Here: the early-stopping and successive
+halving decisions and --validate-top (pure; the seed statistics are records.py's), the EarlyStopper that feeds the first to
 the Loop, and `run_sweep`, the one function that drives the Loop.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .layout import QUEUE, RESULTS, RunsLayout, TagLayout
-from .sweepfile import (FINISHED_STATUSES, EarlyStop, Plan, Point, _num, describe, identity, point_states,
-                        rows_by_point, show_number, status_of)
+from ..layout import QUEUE, RESULTS, RunsLayout, TagLayout
+from ..records import FINISHED_STATUSES, SeedStats, _num, seed_stats, show_number, status_of, verdicts  # noqa: F401
+from .file import EarlyStop, Plan, Point, describe, identity, point_states, rows_by_point
 
 
 # ---------------------------------------------------------------- early stopping (pure)
@@ -89,46 +88,6 @@ def halving_verdict(config: tuple, budget: float | None, finished: Sequence[tupl
 
 # ---------------------------------------------------------------- validation re-runs (pure)
 
-@dataclass(frozen=True)
-class SeedStats:
-    commit: str
-    label: str
-    values: tuple[float, ...]
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def spread(self) -> float:
-        """Sample standard deviation; 0.0 with a single value (unknown spread)."""
-        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
-
-
-def verdicts(stats: Sequence[SeedStats]) -> list[tuple[SeedStats, str]]:
-    """Rank by mean; each point against the best: 'best', 'tie' (difference inside the larger of the two
-    spreads) or 'worse'."""
-    ranked = sorted(stats, key=lambda s: s.mean)
-    if not ranked:
-        return []
-    best = ranked[0]
-    out = [(best, "best")]
-    for s in ranked[1:]:
-        out.append((s, "tie" if s.mean - best.mean <= max(s.spread, best.spread) else "worse"))
-    return out
-
-
-def seed_stats(rows: Sequence, commits: Sequence[str], labels: dict[str, str] | None = None) -> list[SeedStats]:
-    """val_bpb of each commit over its original run and its `validation` re-runs."""
-    out = []
-    for c in commits:
-        vals = tuple(r.val_bpb for r in rows if r.commit == c and r.val_bpb is not None
-                     and status_of(r) in FINISHED_STATUSES | {"validation"})
-        if vals:
-            out.append(SeedStats(c, (labels or {}).get(c, c[:7]), vals))
-    return out
-
-
 # ---------------------------------------------------------------- the run
 
 @dataclass
@@ -165,7 +124,7 @@ class EarlyStopper:
         self._curves: dict[Path, list[tuple[float, float]]] = {}
 
     def references(self, budget: float | None) -> list[Curve]:
-        from .ledger import read_results
+        from ..ledger import read_results
 
         out = []
         for r in read_results(self.tag_dir / RESULTS):
@@ -177,7 +136,7 @@ class EarlyStopper:
 
     def curve(self, log: Path) -> list[tuple[float, float]]:
         if log not in self._curves:
-            from .harness.logfmt import STEP_RE
+            from ..harness.logfmt import STEP_RE
 
             pts = []
             try:
@@ -208,7 +167,7 @@ class EarlyStopper:
 def check_tree(p: Plan) -> None:
     """Before the plan is shown: a dirty tree is refused, naming `ar sweep`, unless it is the sweep's own branch
     (the Loop then discards what a cut-short point left, and refuses anything else the same way)."""
-    from .gitops import GitRepo, branch_name
+    from ..gitops import GitRepo, branch_name
     git = GitRepo(p.repo)
     if git.current_branch() != branch_name(p.tag):
         git.ensure_clean(command="ar sweep")
@@ -221,15 +180,15 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     Rounds: every point at once, or with early stopping one round per budget so that successive halving
     can leave the losers of a smaller budget out of the next. Specs queued by an earlier, interrupted call
     run first and nothing is queued twice. Then --validate-top re-runs the best K points with other seeds."""
-    from . import config
-    from .gitops import GitRepo, branch_name
-    from .session import Event, Loop
+    from .. import config
+    from ..gitops import GitRepo, branch_name
+    from ..session import Event, Loop
 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
     cfg = config.replace(cfg, profile=p.profile)
     git = GitRepo(p.repo)
     if not git.branch_exists(p.tag):   # nothing touches the repo before its lock is held (an `ar run` may own it)
-        from .lock import RepoLock
+        from ..lock import RepoLock
         with RepoLock(RunsLayout(git.root).lock, tag=p.tag, command=command):
             git.ensure_clean(command="ar sweep")
             git.repo.create_head(branch_name(p.tag), p.base)
@@ -282,7 +241,7 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
             _enqueue_validation(p, lp, validate_top)
     if ok and validate_top > 0:
         drain()
-    from .ledger import read_results
+    from ..ledger import read_results
     rows = read_results(p.tag_dir / RESULTS)
     done = [r for r in rows_by_point(p.points, rows, p.base).values() if _val(r) is not None]
     result.best = min(done, key=lambda r: r.val_bpb) if done else None
@@ -300,7 +259,7 @@ def _enqueue_point(p: Plan, lp, q: Point) -> None:
 
 
 def _pending(p: Plan) -> list:
-    from .queue import ExperimentQueue
+    from ..queue import ExperimentQueue
     return ExperimentQueue(p.tag_dir / QUEUE, warn=lambda m: None).pending()
 
 
