@@ -91,25 +91,20 @@ class Server:
                                      stderr=open(self.log, "a"), text=True, bufsize=1)
 
     def score(self, req: dict, go: bool = True) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
-        self.n += 1
-        self.proc.stdin.write(json.dumps({**req, "id": self.n}) + "\n")
-        self.proc.stdin.write(f"{'go' if go else 'stop'} {self.n}\n")
-        self.proc.stdin.flush()
-        assert self.proc.stdout.readline().strip() == f"done {self.n}", self.log.read_text()[-3000:]
-        return json.loads(Path(req["record"]).read_text())
+        return self.score_prestarted(req, None, go)
 
-    def score_prestarted(self, req: dict, while_training) -> dict:
-        """As the runner on a GPU: the request, "prestart" (the workers start), `while_training()`, then "go"."""
+    def score_prestarted(self, req: dict, while_training, go: bool = True) -> dict:
+        """The request; with `while_training`, "prestart" (the workers start), then `while_training()`, as the
+        runner does on a GPU; then "go" (or "stop")."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         self.n += 1
         self.proc.stdin.write(json.dumps({**req, "id": self.n}) + "\n")
-        self.proc.stdin.write(f"prestart {self.n}\n")
-        self.proc.stdin.flush()
-        while_training()
-        self.proc.stdin.write(f"go {self.n}\n")
+        if while_training is not None:
+            self.proc.stdin.write(f"prestart {self.n}\n")
+            self.proc.stdin.flush()
+            while_training()
+        self.proc.stdin.write(f"{'go' if go else 'stop'} {self.n}\n")
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == f"done {self.n}", self.log.read_text()[-3000:]
         return json.loads(Path(req["record"]).read_text())
