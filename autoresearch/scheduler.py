@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from . import cost
 from .config import RunConfig
 from .errors import ArError, ConfigError
 from .slots import Slot, parse_gpus
@@ -30,9 +29,8 @@ from .ledger import Row, Status, now_iso
 from .runner import STOP_INTERRUPTED
 from .experiment import again, prepare, settle
 from .experiment.context import Experiment, Outcome
+from .limits import Limits, Stop
 
-
-FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)    # in a row, these stop the loop
 
 
 def make_executor(cfg: RunConfig):
@@ -59,32 +57,21 @@ class Flight:
     finished_at: float = 0.0
 
 
-class Stop(Exception):
-    """The loop ends here, for the given reason (said as one line)."""
-
-    def __init__(self, reason: str, *, failed: bool = False, interrupted: bool = False):
-        super().__init__(reason)
-        self.failed, self.interrupted = failed, interrupted
-
-
 class Scheduler:
-    """Runs a Loop's queue on its executor's slots until a limit; the stop rules live here, once."""
+    """Runs a Loop's queue on its executor's slots until one of its limits (limits.py) says stop."""
 
     def __init__(self, loop, max_experiments: int | None, max_hours: float | None):
-        self.loop, self.max_experiments, self.max_hours = loop, max_experiments, max_hours
+        self.loop = loop
+        self.limits = Limits(loop, max_experiments, max_hours)
         self.flights: deque[Flight] = deque()
         self.free = list(loop.slots)
-        self.n = self.kept = self.failures = 0
-        self.t0 = time.monotonic()
         self.interrupted_at = 0.0
-        self.max_usd = loop.cfg.max_usd
-        self.cost_unknown_said = False
 
     def run(self) -> tuple[str, bool, bool]:
         """(why it stopped, failed, interrupted)."""
         lp = self.loop
         no_more = ""   # why nothing more is dispatched (a limit, an empty queue); the loop ends when flights drain
-        self._say_budget()
+        self.limits.say_budget()
         with cf.ThreadPoolExecutor(max_workers=len(lp.slots), thread_name_prefix="ar-slot") as pool:
             try:
                 try:
@@ -101,7 +88,7 @@ class Scheduler:
                                 if f.x.spec.kind == "propose" and lp.proposer is not None:
                                     no_more = f"the {lp.proposer.name} proposer has nothing left to try"
                                 continue
-                            self._count(f, row)
+                            self.limits.count(f.x.spec.kind, row)
                 except KeyboardInterrupt:
                     self._interrupt()
                     raise Stop("interrupted; the experiments in flight are recorded as `interrupted`",
@@ -117,54 +104,13 @@ class Scheduler:
                     self._drain()
                 return str(s), s.failed, s.interrupted
 
-    def _count(self, f: Flight, row: Row) -> None:
-        """Tally one recorded row and apply the stop rules."""
-        lp = self.loop
-        self.n += 1
-        self.kept += row.status is Status.KEEP
-        if row.status in FAILURES:
-            self.failures += 1
-        elif row.status in (Status.KEEP, Status.DISCARD):
-            self.failures = 0
-        if lp.halted:
-            raise Stop(f"{lp.halted}; restore them (reinstall ar, `ar prepare` the data) before running again",
-                       failed=True)
-        if f.x.spec.kind == "baseline" and row.status is not Status.KEEP:
-            raise Stop(f"the baseline did not run cleanly ({row.status.value}: {row.reason}); fix train.py or the "
-                       f"setup, see {lp.exp_dir_of(row)}/train.log", failed=True)
-        if (self.max_usd is not None and row.agent_usd is None and not self.cost_unknown_said
-                and f.x.spec.kind == "propose" and getattr(lp.proposer, "name", "") == "agent"):
-            self.cost_unknown_said = True
-            lp.say(f"the agent reported no cost for experiment {row.exp_id:04d}: it does not count toward --max-usd "
-                   "(an agent that prints tokens only needs agent_prices in the config)", "warn")
-        if self.failures >= lp.cfg.max_consecutive_crashes:
-            raise Stop(f"{self.failures} crashed, timed-out or rejected experiments in a row "
-                       f"(--max-consecutive-crashes {lp.cfg.max_consecutive_crashes}); last: {row.reason}", failed=True)
-
-    def _say_budget(self) -> None:
-        """With --max-usd: what the tag has spent already, or that this proposer spends nothing."""
-        lp = self.loop
-        if self.max_usd is None:
-            return
-        if getattr(lp.proposer, "name", "") != "agent":
-            lp.say(f"--max-usd {self.max_usd:g} has nothing to count: only an agent proposer reports a cost", "warn")
-            return
-        spent = cost.spent(lp.ledger.rows())
-        if spent:
-            lp.say(f"agent cost so far on tag {lp.tag}: ${spent:.4f} of --max-usd {self.max_usd:g}")
-
     def _dispatch(self, pool) -> str:
         """Fill the free slots from the queue (proposing when it is empty); a reason when nothing more will go."""
         lp = self.loop
         while self.free:
-            if self.max_experiments is not None and self.n + len(self.flights) >= self.max_experiments:
-                return f"reached --max-experiments {self.max_experiments}"
-            if self.max_hours is not None and time.monotonic() - self.t0 >= self.max_hours * 3600:
-                return f"reached --max-hours {self.max_hours:g}"
-            if self.max_usd is not None:   # from the ledger: the spend of earlier sessions of the tag counts
-                spent = cost.spent(lp.ledger.rows())
-                if spent >= self.max_usd:
-                    return f"reached --max-usd {self.max_usd:g}: the agents of tag {lp.tag} spent ${spent:.4f}"
+            full = self.limits.no_room(len(self.flights))
+            if full:
+                return full
             if self.flights and self.flights[0].x.spec.kind == "baseline":
                 return ""       # everything else starts from the baseline's result
             flying = {f.x.spec.id for f in self.flights}
@@ -177,7 +123,7 @@ class Scheduler:
                 return ""
             x = lp.start(spec)
             if x.row is not None:          # recorded without running (started too often)
-                self.n += 1
+                self.limits.n += 1
                 continue
             slot = self.free.pop(0)
             ctx = lp.slot_context(slot)
@@ -251,7 +197,7 @@ class Scheduler:
                 self._interrupt()
                 cf.wait([f.future])
             if self._settle(f) is not None:
-                self.n += 1
+                self.limits.n += 1
 
     def _interrupt(self) -> None:
         """Ctrl-C: stop every run and agent in flight (their whole process trees); they record as interrupted."""

@@ -416,8 +416,8 @@ class Loop:
             stop, failed, interrupted = sched.run()
         finally:
             _restore_sigterm(old_term)
-            self._wind_up(session, stop, sched.n, sched.kept, opened_here)
-        return self._summary(sched.n, sched.kept, stop, failed, interrupted)
+            self._wind_up(session, stop, sched.limits.n, sched.limits.kept, opened_here)
+        return self._summary(sched.limits.n, sched.limits.kept, stop, failed, interrupted)
 
     def _wind_up(self, session: str, stop: str, n: int, kept: int, opened_here: bool) -> None:
         """Say why the loop stopped, fire loop_finished once, and release the repo if this call opened it."""
