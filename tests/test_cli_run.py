@@ -197,7 +197,7 @@ def test_zero_config_with_the_real_train_py(tmp_path):
     root = make_repo(tmp_path, ROOT / "train.py")
     env = {**os.environ, "AR_CACHE": str(tmp_path / "empty-cache")}      # not the prepared one
     r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--repo", str(root), "--max-experiments", "1",
-                        "--time-budget", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+                        "--time-budget", "4"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "preparing the builtin corpus" in r.stdout and "cpu profile" in r.stdout
     assert "best: " in r.stdout and "val_bpb" in r.stdout

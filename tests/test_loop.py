@@ -176,7 +176,7 @@ def test_every_kind_of_bad_run(tmp_path):
     root = make_repo(tmp_path)
     outside = tmp_path / "outside.txt"          # a file beside the repo: the sandboxed run may not write it
     outside.write_text("untouched\n")
-    c = cfg(startup_allowance=1.5, eval_allowance=5.0, max_log_mb=1, min_tokens_per_s=1000,
+    c = cfg(startup_allowance=15.0, eval_allowance=30.0, max_log_mb=1, min_tokens_per_s=1000,
             degraded_warmup_steps=2, degraded_patience=3)
     expect = {  # mode -> (status, what the reason says)
         "nan": ("crash", "loss is nan"),
@@ -353,7 +353,7 @@ def test_hooks_fire_once_in_order_despite_failing_and_hanging_ones(tmp_path):
         loop.enqueue_knobs({"FAIL_MODE": "nan"})
         t0 = time.monotonic()
         loop.run()
-        assert time.monotonic() - t0 < 30          # two 30-s hooks cut at 1 s each, not 60 s
+        assert time.monotonic() - t0 < 50          # two 30-s hooks cut at 1 s each (uncut: 60 s more)
     lines = log.read_text().split("\n")[:-1]
     assert lines == ["run_started 1 ", "run_finished 1 keep", "kept 1 keep",
                      "run_started 2 ", "run_finished 2 keep", "kept 2 keep",

@@ -229,7 +229,7 @@ def test_cpu_profile_trains_with_the_mfu_knobs_on(tmp_path, tiny_dataset):
                            knobs={"FUSED_CE": True, "BF16_RESIDUAL": True, "RELU2_KEEPS_OUTPUT": True})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     s = summary_of(proc.stdout)
-    assert int(s["num_steps"]) >= 2 and (ckpt / checkpoint.MODEL_JSON).exists()
+    assert int(s["num_steps"]) >= 1 and (ckpt / checkpoint.MODEL_JSON).exists()     # a step: each knob's path ran
 
 
 def test_the_compile_warm_up_leaves_no_trace():
