@@ -109,6 +109,35 @@ def _on_step_of(exp_id: int, act):
     return on_event
 
 
+def test_a_run_whose_data_changed_under_it_runs_again_at_the_next_session(tmp_path, tiny_dataset, monkeypatch):
+    """Item 2, the data's case: the training data changes while experiment 2 trains (a file touched: the fingerprint
+    holds size, times and inode), so the run is a crash and the session halts; it is not the proposal's doing, so
+    the next `ar run` runs that proposal again, once."""
+    from autoresearch.session import Loop
+    from test_loop import assert_consistent, cfg, make_repo
+    cache = tmp_path / "cache"              # a copy of the shared dataset: this test changes it
+    cache.mkdir()
+    shutil.copytree(tiny_dataset.cache / tiny_dataset.name, cache / "builtin")
+    monkeypatch.setenv("AR_CACHE", str(cache))
+    train_bin = cache / "builtin" / tiny_dataset.tok_dir.relative_to(tiny_dataset.cache / tiny_dataset.name) / "train.bin"
+    root = make_repo(tmp_path)
+    said: list[str] = []
+    hook = _on_step_of(2, lambda: os.utime(train_bin))
+    with Loop(cfg(noise=0.002), root, "t", None, on_event=lambda e: (said.append(e.message), hook(e))) as lp:
+        lp.enqueue_knobs({"LR_MULT": 1.5})
+        first = lp.run()
+    rows = assert_consistent(root)
+    assert [r.status for r in rows] == [Status.KEEP, Status.CRASH] and first.failed, [r.reason for r in rows]
+    assert "training data" in rows[1].reason and "changed" in rows[1].reason, rows[1].reason
+    assert any("0002" in m and "outside the proposal" in m and "runs again as experiment 0003" in m
+               for m in said), said
+    with Loop(cfg(noise=0.002), root, "t", None) as lp:     # the next session: its own fingerprint of the data
+        lp.run()
+    rows = assert_consistent(root)
+    assert len(rows) == 3 and rows[2].knobs["LR_MULT"] == 1.5 and rows[2].status is not Status.CRASH, rows
+    assert "again: 0002" in rows[2].description, rows[2].description
+
+
 def test_an_experiment_cut_off_by_a_stop_runs_again_once_at_the_next_session(tmp_path, prepared_cache):
     from autoresearch.proposers.search import StrategyProposer
     from autoresearch.session import Loop
