@@ -56,7 +56,7 @@ def test_sigkill_at_every_phase_then_resume(tmp_path, table):
              for e in ("run_started", "run_finished", "kept", "reverted", "crashed")}
     conf = write_cfg(tmp_path / "run.yaml", agent=agent_cmd("cycle_agent.py"), hooks=hooks, hook_timeout=5)
     cfg = load_config(conf)
-    args = ("run", "--repo", str(root), "--tag", TAG, "--config", str(conf), "--max-experiments", "8")
+    args = ("run", "--repo", str(root), "--tag", TAG, "--config", str(conf), "--max-experiments", "12")  # room to reach each point past repeats
     hist = History()
     per_phase = {p: [0, 0, 0, 0, 0] for p in PHASES}
     notes: list[str] = []
