@@ -39,6 +39,7 @@ def _git_init(root: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.quiet          # the speed-up is kept on two timings: nothing else may run beside them
 def test_ar_run_keeps_the_speed_up_and_rejects_the_wrong_result_and_the_cheat(tmp_path):
     root = _workspace(tmp_path)
     (root / ".gitignore").write_text("runs/\n__pycache__/\n")
