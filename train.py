@@ -583,9 +583,14 @@ def train(env: RunEnv, t_start: float) -> dict:
     # under ar the window opens with the first batch the loader asks for, and closes at ar's deadline
     loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed, served=env.data_fd)
 
-    step, training_time, progress, tokens = 0, 0.0, 0.0, 0
+    step, training_time, progress, tokens, recent = 0, 0.0, 0.0, 0, []
     try:
         while progress < 1.0:
+            # ar's window ends at its deadline and only saving may follow it: a step that would end past it (by the
+            # median of the last five, the first one's one-time costs left out) is not started
+            left = loader.deadline - time.time() if loader.deadline is not None else math.inf
+            if recent and sorted(recent)[len(recent) // 2] > left:
+                break
             t0 = time.time()
             for _ in range(accum):
                 x, y = next(loader)                        # WindowClosed: the step in progress is dropped
@@ -602,6 +607,7 @@ def train(env: RunEnv, t_start: float) -> dict:
             step += 1
             tokens += total_batch
             training_time += dt
+            recent = (recent + [dt])[-5:] if step > 1 else recent
             progress = env.progress(training_time, loader.deadline)
             tps = total_batch / dt
             print(logfmt.format_step(step, 100 * progress, loss_value, tps,

@@ -20,8 +20,19 @@ baseline's allows; beyond that, the excess comes off the window (the feed's dead
   batch is bounded by that room only (docs/reliability.md: what it can buy on which dataset).
 Before the baseline has run, start-up is free up to `startup_allowance` wall seconds (then the run is killed).
 
+The finish: a run's training may not go on past its window's end. Its last step may, and saving takes time, so
+the checkpoint may be written after the window by what the baseline's finish allows: `FINISH_FACTOR` × (one of
+the baseline's steps + the baseline's own time from its window's end to its checkpoint) + `FINISH_SLACK`, in the
+same currency as start-up (CPU seconds of the run's processes on the CPU, wall seconds on a GPU). It is measured
+by ar (the feed's window, the run's CPU, the checkpoint's ctime), never from what a run prints: a run that
+prints its step lines far apart, or takes its batches in big gulps before the window closes, cannot make its
+steps look long enough to train on past the window. train.py plans its last step to end inside the window, so a
+candidate whose steps are longer than the baseline's loses at most one of them, and never its result. Before
+the baseline has run, the last-step slack is the run's own (execute.py).
+
 The baseline's start-ups (the baseline commit and its noise-calibration reruns) are kept in runs/<tag>/clock.json
-("credit": wall seconds, "cpu": CPU seconds; each the smallest so far), so a resumed session keeps them.
+("credit": wall seconds, "cpu": CPU seconds; each the smallest so far; "finish", "finish_cpu": the largest
+finish so far, step + tail), so a resumed session keeps them.
 """
 
 from __future__ import annotations
@@ -34,32 +45,41 @@ from pathlib import Path
 FILE = "clock.json"
 CPU_FACTOR, CPU_SLACK = 1.3, 1.0
 GPU_ROOM = 30.0
+FINISH_FACTOR, FINISH_SLACK = 1.5, 1.0     # what the finish may take: 1.5 × the baseline's + 1 s (or CPU-s)
 SHORT_WINDOW = 0.5          # a run whose window was under this share of its budget is never kept
 
 
 @dataclass(frozen=True)
 class Credit:
-    """The baseline's smallest start-up so far: wall seconds and CPU seconds (None before the baseline)."""
+    """The baseline's smallest start-up so far: wall seconds and CPU seconds (None before the baseline), and
+    its largest finish (one step + its window's end to its checkpoint), in both."""
     wall: float | None = None
     cpu: float | None = None
+    finish: float | None = None
+    finish_cpu: float | None = None
 
 
 def load(tag_dir: Path) -> Credit:
     try:
         doc = json.loads((Path(tag_dir) / FILE).read_text())
-        cpu = doc.get("cpu")
-        return Credit(float(doc["credit"]), float(cpu) if cpu is not None else None)
+        return Credit(float(doc["credit"]), *(float(doc[k]) if doc.get(k) is not None else None
+                                              for k in ("cpu", "finish", "finish_cpu")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return Credit()
 
 
-def note_baseline(tag_dir: Path, wall: float, cpu: float | None) -> Credit:
-    """Record one start-up of the baseline commit; returns the credit from now on (it only ever tightens)."""
+def note_baseline(tag_dir: Path, wall: float, cpu: float | None, finish: float | None = None,
+                  finish_cpu: float | None = None) -> Credit:
+    """Record one run of the baseline commit; returns the credit from now on (a start-up only ever tightens it,
+    a finish only ever widens it: the baseline is the user's code, each of its runs honest)."""
     old = load(tag_dir)
     new = Credit(min(x for x in (old.wall, wall) if x is not None),
-                 min((x for x in (old.cpu, cpu) if x is not None), default=None))
+                 min((x for x in (old.cpu, cpu) if x is not None), default=None),
+                 max((x for x in (old.finish, finish) if x is not None), default=None),
+                 max((x for x in (old.finish_cpu, finish_cpu) if x is not None), default=None))
     tmp = Path(tag_dir) / f".{FILE}.tmp-{os.getpid()}"
-    doc = {"credit": round(new.wall, 3)} | ({"cpu": round(new.cpu, 3)} if new.cpu is not None else {})
+    doc = {"credit": round(new.wall, 3)} | {k: round(v, 3) for k, v in (
+        ("cpu", new.cpu), ("finish", new.finish), ("finish_cpu", new.finish_cpu)) if v is not None}
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, Path(tag_dir) / FILE)
     return new
@@ -82,6 +102,16 @@ def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None) -
     if excess <= 0:
         return 0.0, None
     return excess, f"{what}: its training window was cut by {excess:.1f}s"
+
+
+def finish_allowance(credit: Credit, device: str) -> tuple[float, str] | None:
+    """(how long a run may take from its window's end to its checkpoint, "cpu" or "wall"), or None before the
+    baseline's finish is known (then the run's own last-step slack applies: execute.py)."""
+    if device == "cpu" and credit.finish_cpu is not None:
+        return FINISH_FACTOR * credit.finish_cpu + FINISH_SLACK, "cpu"
+    if credit.finish is not None:
+        return FINISH_FACTOR * credit.finish + FINISH_SLACK, "wall"
+    return None
 
 
 def short_window_note(window: float | None, budget: float) -> str | None:

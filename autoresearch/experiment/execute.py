@@ -9,7 +9,9 @@
    training or validation split, not the token-bytes table, not runs/, not .git, not the installed package.
 3. ar owns the clock (clock.py): the training tokens come only from ar's feed (harness/feed.py, a socket the
    run inherits), whose first batch opens the run's window and which serves none after its end; the checkpoint
-   (its files' ctime, which no process can set back) must be written by the window's end + a last-step slack.
+   (its files' ctime, which no process can set back) must be written by the window's end + what the baseline's
+   finish allows (clock.finish_allowance: its step and its save, in CPU seconds on the CPU), so no tolerance buys
+   training.
    Start-up beyond what the baseline's allows comes off the window. Which step line the run prints moves
    nothing.
 4. The process group, everything it spawned, and anything re-parented below the sandbox's supervisor is
@@ -38,7 +40,6 @@ from ..harness import launcher, sandbox
 from ..harness.feed import Feed
 from ..harness.data import hidden_sources, train_view
 from ..request import RunRequest
-from ..metrics import parse_step
 from ..runner import STOP_INTERRUPTED, RunResult, run_training
 from . import clock
 
@@ -116,6 +117,8 @@ class TrainOutcome:
     window_start: float | None = None     # wall clock: the feed served the first batch
     phases: dict = field(default_factory=dict)   # wall clock of other marks: spawned, model built, first/last step
     checkpoint_at: float | None = None    # wall clock: the checkpoint last changed
+    tail_cpu: float | None = None         # CPU seconds of the run's processes from its window's end to its checkpoint
+    finish: tuple[float | None, float | None] = (None, None)   # one step + the time past the window (wall, CPU)
     startup_cpu: float | None = None      # CPU seconds of the run's processes from ar's clock start to the window
     window: float | None = None           # the window it was given (the budget, less what its start-up cost)
     window_note: str | None = None        # why that window was shorter than the budget (clock.start_up_cost)
@@ -141,6 +144,15 @@ def tree_cpu(proc) -> float | None:
         except psutil.Error:
             pass
     return total
+
+
+def cpu_between(samples: list[tuple[float, float]], a: float, b: float) -> float:
+    """CPU seconds used between wall clocks a and b, from (wall clock, CPU seconds) samples in time order: each
+    end read at the first sample at or after it (the last sample when none is): a finish is never counted short
+    by more than the time between two samples."""
+    def at(t: float) -> float:
+        return next((cpu for when, cpu in samples if when >= t), samples[-1][1])
+    return max(0.0, at(b) - at(a)) if samples and b > a else 0.0
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
@@ -172,6 +184,19 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     taken: list[bool] = []
     timers: list[threading.Timer] = []
     ready = threading.Event()
+    samples: list[tuple[float, float]] = []     # (wall clock, the run's CPU seconds) from its window's start
+    sampled = threading.Event()
+
+    def sample() -> None:
+        """The run's CPU seconds through its window (every 0.25 s, and at its end) and after it (every 0.05 s)
+        until it exits: what its finish cost, in the currency of the CPU (clock.finish_allowance)."""
+        while not sampled.is_set():
+            cpu = tree_cpu(procs[0])
+            if cpu is None:
+                return
+            samples.append((time.time(), cpu))
+            left = (feed.deadline or 0.0) - time.time()
+            sampled.wait(min(0.25, left) if left > 0.01 else 0.05)
 
     def opened() -> float:
         """The feed's first batch: what the start-up costs the window (clock.py)."""
@@ -179,6 +204,9 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         wall, used = time.time() - t_start[1], (cpu - cpu0[0] if cpu is not None else None)
         cost, why = clock.start_up_cost(credit, req.device, wall, used)
         start_cost[:] = [used, cost, why]
+        if cpu is not None:
+            samples.append((time.time(), cpu))
+            threading.Thread(target=sample, name="ar-cpu", daemon=True).start()
         if near_end is not None and req.eval_prestart > 0:
             timers.append(threading.Timer(max(0.0, req.time_budget - cost - req.eval_prestart), near_end))
             timers[-1].daemon = True
@@ -233,6 +261,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
                                   gate=gate if go_r is not None else None, pass_fds=fds,
                                   on_start=lambda proc: (procs.append(proc), feed and feed.close_child_end()))
     finally:
+        sampled.set()
         for t in timers:                  # a run that ended early: the evaluator's workers start at "go"
             t.cancel()
             t.join()
@@ -250,18 +279,39 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     marks = [m for m in marks if opened_at is None or m >= opened_at - t0_wall]
     gaps = [b - a for a, b in zip(marks, marks[1:])]
     interval = statistics.median(gaps) if gaps else None
-    # the last step may finish past the window, if it is no longer than 3 typical steps (and saving takes 2 s)
+    # before the baseline's finish is known (the baseline itself): its last step may finish past the window, if it
+    # is no longer than 3 of its typical steps (and saving takes 2 s)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
     startup = opened_at - t0_wall if opened_at is not None else None
-    over = None
+    over = tail_cpu = None
+    finish: tuple = (None, None)
     if opened_at is not None:
         end = feed.deadline
         trained = max(0.0, min(written, end) - opened_at) if written else 0.0
-        if not result.stop_reason and written and written - end > slack:
-            over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the budget "
-                    f"(the window: {end - opened_at:.1f}s from its first batch; the last step and saving may take "
-                    f"{slack:.1f}s)")
+        if written:
+            tail_cpu = cpu_between(samples, end, written)
+            in_window = [a for a in arrivals if opened_at - t0_wall <= a <= end - t0_wall]
+            step_cpu = (cpu_between(samples, opened_at, t0_wall + in_window[-1]) / len(in_window)
+                        if in_window and samples else None)
+            finish = (interval + max(0.0, written - end) if interval is not None else None,
+                      step_cpu + tail_cpu if step_cpu is not None and tail_cpu is not None else None)
+        allowed = clock.finish_allowance(credit, req.device if tail_cpu is not None else "wall")
+        if result.stop_reason or not written:
+            pass
+        elif allowed is None:
+            if written - end > slack:
+                over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the "
+                        f"budget (the window: {end - opened_at:.1f}s from its first batch; the last step and "
+                        f"saving may take {slack:.1f}s)")
+        elif (tail_cpu if allowed[1] == "cpu" else written - end) > allowed[0]:
+            spent = f"{tail_cpu:.1f} CPU-s" if allowed[1] == "cpu" else f"{written - end:.1f}s"
+            base = credit.finish_cpu if allowed[1] == "cpu" else credit.finish
+            over = (f"trained past the budget: wrote its checkpoint {written - end:.1f}s after its training window "
+                    f"closed and used {spent} after it, more than the {allowed[0]:.1f} the baseline's finish allows "
+                    f"(its last step and "
+                    f"save took {base:.1f}; × {clock.FINISH_FACTOR:g} + {clock.FINISH_SLACK:g}): training "
+                    f"ends inside the window (train.py plans its last step so)")
     else:                           # it never asked for a batch (or no feed: a command objective's run)
         trained = 0.0
         ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
@@ -281,4 +331,5 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     used, cost, why = start_cost or (None, 0.0, None)
     return TrainOutcome(result, startup, trained, interval, over, req.sandbox, started_at=t0_wall,
                         window_start=opened_at, checkpoint_at=written, phases=phases, startup_cpu=used,
+                        tail_cpu=tail_cpu, finish=finish,
                         window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why)

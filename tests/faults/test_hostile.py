@@ -280,12 +280,14 @@ def _exp_file(root: Path, row, name: str) -> dict:
     return json.loads((root / "runs" / "t" / f"{row.exp_id:04d}-{row.commit}" / name).read_text())
 
 
-@pytest.mark.parametrize("attack", ["early_data", "pretrain_readable", "slow_start"])
+@pytest.mark.parametrize("attack", ["early_data", "pretrain_readable", "stockpile", "slow_start", "long_steps"])
 def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_honest, tmp_path, monkeypatch,
                                                                          tiny_dataset, attack, table):
     """Counted, not scored: how long the run trained on real data against the window ar gives every run (its
     budget) plus one step; the CPU seconds spent before the first batch beyond what the baseline's allow,
-    against what came off the window; and an honest start-up that sleeps 6 s, whose window must be whole."""
+    against what came off the window; how long a run trained past its window on batches it took ahead (its step
+    lines 2.5 s apart, so that its steps look long); and two honest controls: a start-up that sleeps 6 s, whose
+    window must be whole, and steps ten times the baseline's, planned to end inside the window, never a timeout."""
     import re
     from autoresearch.experiment import clock
     shutil.copytree(after_honest, tmp_path / "repo", symlinks=True)
@@ -323,7 +325,16 @@ def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_
               f"(budget {cfg.time_budget:g}s + step {step:.2f}s + uncharged {free:.2f}s)")
         over = before + metrics["window_seconds"] > cfg.time_budget + step + free + 0.05
         assert not over, (before, metrics)
-    else:                                   # honest: a start-up that waits costs its window nothing
+    elif attack == "stockpile":             # trains 3.5 s past its window: within the old 4.5-s last-step slack
+        past = float(re.search(r"past the window: (\S+)s, (\d+) steps", log).group(1))
+        credit = clock.load(root / "runs" / "t")
+        print(f"stockpile: trained {past:.2f}s past the window ({row.status.value}; the baseline's finish "
+              f"{getattr(credit, 'finish_cpu', None)} CPU-s, a step {step:.2f}s)")
+        over = row.status is not Status.TIMEOUT and past > step + 0.5
+        assert not over, (past, row.reason, log[-1500:])
+        assert "trained past the budget" in row.reason and metrics["tail_cpu"] > clock.FINISH_SLACK, row.reason
+    else:                                   # honest: a start-up that waits, long steps: the window whole, no timeout
+        assert row.status is not Status.TIMEOUT, row.reason
         assert metrics["window_seconds"] == pytest.approx(cfg.time_budget, abs=1e-6), metrics
         assert metrics["window_note"] is None and "cut" not in row.reason, row.reason
         assert row.status in (Status.DISCARD, Status.KEEP), (row.status, row.reason)
