@@ -86,7 +86,14 @@ def table(tag_dir: Path) -> dict:
                "startup_cpu": [d["metrics"].get("startup_cpu") for d in exps],
                "transfer": [d.get("transfer") for d in exps],
                "eval_after_go": [d.get("eval_after_go") for d in exps],
-               "fresh_seconds": [d.get("fresh_seconds") for d in exps]}
+               "fresh_seconds": [d.get("fresh_seconds") for d in exps],
+               # the finish (experiment/clock.py): the window's end -> the checkpoint, what the run trained of its
+               # budget (train.py does not start a step that would end past the window), the baseline's finish
+               "tails": [span(d, "window_end", "checkpoint") for d in exps],
+               "trained_share": [float(d["row"]["training_seconds"]) / budget(d) for d in exps
+                                 if d["row"].get("training_seconds") and budget(d)],
+               "clock": json.loads((tag_dir / "clock.json").read_text()) if (tag_dir / "clock.json").exists()
+               else None}
     if summary["median_gap"] is not None:
         summary["experiments_per_hour_at_300s"] = 3600 / (300 + summary["median_gap"])
     lines.append("")
@@ -99,6 +106,11 @@ def table(tag_dir: Path) -> dict:
                      f"budget; evaluator transfer: {', '.join(str(t) for t in summary['transfer'])}; evaluator "
                      f"seconds after go: {summary['eval_after_go']} (of which the fresh re-score "
                      f"{summary['fresh_seconds']})")
+    tails = [t for t in summary["tails"] if t is not None]
+    if tails:
+        lines.append(f"window's end -> checkpoint: {min(tails):.2f} to {max(tails):.2f} s (median "
+                     f"{statistics.median(tails):.2f}); trained {min(summary['trained_share']):.2%} to "
+                     f"{max(summary['trained_share']):.2%} of the budget; clock.json {summary['clock']}")
     summary["table"] = "\n".join(lines)
     return summary
 

@@ -129,8 +129,34 @@ def launchable(cmd: list[str]) -> bool:
     return len(cmd) == 2 and Path(cmd[0]).name.startswith("python") and cmd[1].endswith(".py")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")          # /proc's CPU times are in clock ticks
+
+
 def tree_cpu(proc) -> float | None:
-    """CPU seconds a process and everything below it have used (reaped children included), or None."""
+    """CPU seconds a process and everything below it have used (reaped children included), or None once it is
+    gone. Walks the tree through /proc/<pid>/task/*/children: ar samples this many times a second, and psutil's
+    children() reads every process on the host each time (psutil's walk where the kernel lacks those files)."""
+    total, todo = 0.0, [proc.pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()       # from field 3 (state) on: the name may hold ")"
+            total += sum(int(x) for x in fields[11:15]) / _TICK   # utime, stime, cutime, cstime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            if pid != proc.pid:
+                continue                                   # a process that ended during the walk
+            return _tree_cpu_psutil(proc) if os.path.exists(f"/proc/{pid}") else None
+        except (OSError, ValueError, IndexError):
+            if pid == proc.pid:
+                return None
+    return total
+
+
+def _tree_cpu_psutil(proc) -> float | None:
     try:
         procs = [psutil.Process(proc.pid)]
         procs += procs[0].children(recursive=True)
@@ -279,8 +305,8 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
     marks = [m for m in marks if opened_at is None or m >= opened_at - t0_wall]
     gaps = [b - a for a, b in zip(marks, marks[1:])]
     interval = statistics.median(gaps) if gaps else None
-    # before the baseline's finish is known (the baseline itself): its last step may finish past the window, if it
-    # is no longer than 3 of its typical steps (and saving takes 2 s)
+    # the last step may finish past the window, if it is no longer than 3 of its typical steps (and saving takes 2 s),
+    # in wall seconds; once the baseline's finish is known, also within what that allows (clock.finish_allowance)
     last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
     slack = min(req.step_slack_cap(), 2.0 + last)
     startup = opened_at - t0_wall if opened_at is not None else None
@@ -299,12 +325,11 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         allowed = clock.finish_allowance(credit, req.device if tail_cpu is not None else "wall")
         if result.stop_reason or not written:
             pass
-        elif allowed is None:
-            if written - end > slack:
-                over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the "
-                        f"budget (the window: {end - opened_at:.1f}s from its first batch; the last step and "
-                        f"saving may take {slack:.1f}s)")
-        elif (tail_cpu if allowed[1] == "cpu" else written - end) > allowed[0]:
+        elif written - end > slack:         # a wall bound, whatever the currency below (a run that sleeps)
+            over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the "
+                    f"budget (the window: {end - opened_at:.1f}s from its first batch; the last step and "
+                    f"saving may take {slack:.1f}s)")
+        elif allowed is not None and (tail_cpu if allowed[1] == "cpu" else written - end) > allowed[0]:
             spent = f"{tail_cpu:.1f} CPU-s" if allowed[1] == "cpu" else f"{written - end:.1f}s"
             base = credit.finish_cpu if allowed[1] == "cpu" else credit.finish
             over = (f"trained past the budget: wrote its checkpoint {written - end:.1f}s after its training window "
