@@ -310,7 +310,9 @@ def test_a_checkpoint_that_links_outside_is_refused_and_ar_reads_nothing_through
 
 def test_rerun_and_confirmation(tmp_path):
     root = make_repo(tmp_path, SEED_NOISE=0.001)
-    with Loop(cfg(confirm_new_best=True), root, "t", None) as loop:
+    # 30 s of start-up before the kill: beside a busy test worker the stand-in's start-up took 9.8 s (2.4 CPU-s) and
+    # its save 3.3 s, and the 10-s allowance's kill came before its exit
+    with Loop(cfg(confirm_new_best=True, startup_allowance=30.0), root, "t", None) as loop:
         loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18})
         loop.run()
         best = loop.ledger.best_kept()
