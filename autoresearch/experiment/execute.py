@@ -316,7 +316,7 @@ def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Pat
         end = feed.deadline
         trained = max(0.0, min(written, end) - opened_at) if written else 0.0
         if written:
-            tail_cpu = cpu_between(samples, end, written)
+            tail_cpu = cpu_between(samples, end, written) if samples else None   # none: the wall rule
             in_window = [a for a in arrivals if opened_at - t0_wall <= a <= end - t0_wall]
             step_cpu = (cpu_between(samples, opened_at, t0_wall + in_window[-1]) / len(in_window)
                         if in_window and samples else None)
