@@ -423,6 +423,13 @@ class MuonAdamW:
                 p.grad = None
 
 
+def step_fits(durations: list[float], left: float) -> bool:
+    """Whether one more step ends within the `left` seconds of the window: a step takes the median of the last
+    five; the first, with its one-time costs, is the estimate only until there is another."""
+    recent = durations[max(1, len(durations) - 5):] or durations[:1]
+    return not recent or sorted(recent)[len(recent) // 2] <= left
+
+
 def lr_scale(progress: float) -> float:
     if progress < WARMUP_RATIO:
         return (progress + 1e-8) / WARMUP_RATIO
@@ -583,13 +590,11 @@ def train(env: RunEnv, t_start: float) -> dict:
     # under ar the window opens with the first batch the loader asks for, and closes at ar's deadline
     loader = PackedLoader(tok_dir, "train", device_batch, seq_len, device=device, seed=env.seed, served=env.data_fd)
 
-    step, training_time, progress, tokens, recent = 0, 0.0, 0.0, 0, []
+    step, training_time, progress, tokens, durations = 0, 0.0, 0.0, 0, []
     try:
         while progress < 1.0:
-            # ar's window ends at its deadline and only saving may follow it: a step that would end past it (by the
-            # median of the last five, the first one's one-time costs left out) is not started
-            left = loader.deadline - time.time() if loader.deadline is not None else math.inf
-            if recent and sorted(recent)[len(recent) // 2] > left:
+            # ar's window ends at its deadline and only saving may follow it: no step that would end past it
+            if not step_fits(durations, loader.deadline - time.time() if loader.deadline is not None else math.inf):
                 break
             t0 = time.time()
             for _ in range(accum):
@@ -607,7 +612,7 @@ def train(env: RunEnv, t_start: float) -> dict:
             step += 1
             tokens += total_batch
             training_time += dt
-            recent = (recent + [dt])[-5:] if step > 1 else recent
+            durations.append(dt)
             progress = env.progress(training_time, loader.deadline)
             tps = total_batch / dt
             print(logfmt.format_step(step, 100 * progress, loss_value, tps,

@@ -246,3 +246,15 @@ def test_the_compile_warm_up_leaves_no_trace():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert not opt.adam.state and all(float(b.abs().sum()) == 0 for b in opt.buffers.values())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_step_that_would_end_past_the_window_is_not_started():
+    """train.py plans its last step: the median of its last five steps, the first one (with its one-time costs)
+    only until there is another. A CPU baseline whose first step took 8 s of an 8-s window started a second and
+    wrote its checkpoint 8.3 s past the window (a timeout) when only later steps were counted."""
+    fits = load_train().step_fits
+    assert fits([], 0.5)                                     # nothing known yet: the first step starts
+    assert not fits([8.0], 0.5) and fits([8.0], 8.5)         # the first step is the estimate while it is alone
+    assert fits([8.0, 1.0], 1.5) and not fits([8.0, 1.0], 0.9)   # then only later steps count
+    assert fits([9.0, 1.0, 1.0, 5.0, 1.0, 1.0, 5.0], 1.0)     # the last five: 1, 5, 1, 1, 5 -> 1
+    assert not fits([0.1, 1.0, 5.0, 5.0, 1.0, 5.0], 4.0)      # 1, 5, 5, 1, 5 -> 5
