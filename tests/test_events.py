@@ -257,7 +257,7 @@ def test_kill_9_status_and_the_dashboard_say_not_running(tmp_path):
         out = CliRunner().invoke(app, ["status", "--repo", str(root)], terminal_width=200).output
         assert "no ar loop is running" in out and "killed mid-session" in out and "now: idle" in out, out
         assert fold(read(root / "runs/t/events.jsonl"))["state"] == "running"       # the file alone would lie
-        wait_for(lambda: json.loads(server.get("/api/state")[2])["status"]["state"] == "stopped", timeout=10,
+        wait_for(lambda: json.loads(server.get("/api/state")[2])["status"]["state"] == "stopped", timeout=30,
                  what="the dashboard to see the kill")
         st = json.loads(server.get("/api/state")[2])["status"]
         assert st["why"] == KILLED and st["experiment"] is None
