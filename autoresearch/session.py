@@ -87,7 +87,8 @@ class Summary:
 class Loop:
     def __init__(self, cfg: RunConfig, repo: str | Path, tag: str | None = None, proposer: Proposer | None = None,
                  *, on_event: Callable[[Event], None] | None = None, monitor_factory: Callable[[Spec], Monitor] |
-                 None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run", executor=None):
+                 None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run", executor=None,
+                 lock: RepoLock | None = None):
         self.cfg, self.proposer, self.monitor_factory = cfg, proposer, monitor_factory
         self.executor = executor or make_executor(cfg)
         self.git = GitRepo(repo)
@@ -108,7 +109,9 @@ class Loop:
         self.paths = RunsLayout(self.root).tag(self.tag)
         self.tag_dir = self.paths.dir
         self.say(self._first_line(self.choice))
-        self._lock = RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
+        # the repo lock; a caller that holds it across several Loops (ar sweep) lends it, and keeps it between them
+        self._owns_lock = lock is None
+        self._lock = lock or RepoLock(RunsLayout(self.root).lock, tag=self.tag, command=command)
         self._open = False
         self.peak_warned: set[str] = set()
         self.events = EventLog(self.paths.events)
@@ -140,10 +143,10 @@ class Loop:
         try:
             self._open_locked()
         except OSError as e:
-            self._lock.release()
+            self._release_lock()
             raise file_error(e) from e
         except BaseException:
-            self._lock.release()
+            self._release_lock()
             raise
         try:
             self.executor.open(self)
@@ -152,7 +155,7 @@ class Loop:
                                   "run on one slot")
         except BaseException:
             self.executor.close()
-            self._lock.release()
+            self._release_lock()
             raise
         self._open = True
         self.events.session_started(tag=self.tag, branch=self.branch, profile=self.profile.name, by_slot=self.multi,
@@ -162,6 +165,10 @@ class Loop:
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
                      f"{self.executor.name} executor; a win on a stale parent is "
                      f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}")
+
+    def _release_lock(self) -> None:
+        if self._owns_lock:
+            self._lock.release()
 
     @property
     def slots(self) -> list[Slot]:
@@ -179,7 +186,7 @@ class Loop:
         if self._open:
             self.executor.close()
             self.events.session_stopped()
-            self._lock.release()
+            self._release_lock()
             self._open = False
 
     def _open_records(self) -> Callable[[str], None]:

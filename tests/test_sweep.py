@@ -499,6 +499,33 @@ def test_validate_top_reruns_with_other_seeds_and_calls_ties(repo, tmp_path, mon
     assert code == 0 and len(sweep_rows(repo, "sweep-val")) == 7
 
 
+def test_no_other_ar_takes_the_repo_between_a_sweeps_loops(repo, tmp_path):
+    """ar sweep holds one lock from its branch to its last run. It used to let go between its branch and its first
+    Loop, and between Loops (the validation re-runs): eight `ar run`/`ar sweep` started at once after a kill -9 were
+    told to wait for a sweep that then lost the repo to an `ar run`. Each Loop says its first line before it
+    opens: another holder tries the lock then."""
+    from autoresearch.config import load_config
+    from autoresearch.errors import LockHeld
+    from autoresearch.layout import RunsLayout
+    from autoresearch.lock import RepoLock
+    f = write_sweep(tmp_path / "sweep-lk.yaml", axes={"LR_MULT": [1.0, 3.0]},
+                    fixed={"TIME_BUDGET": 0.3, "TOTAL_BATCH_SIZE": "2**17"}, validate_seeds=[1])
+    cfg = load_config(tmp_path / "run.yaml")
+    tried, taken = [], []
+
+    def other_ar(event):
+        if event.message.startswith(("new tag", "resuming tag")):
+            tried.append(event.message)
+            try:
+                with RepoLock(RunsLayout(repo).lock, tag="x", command="ar run"):
+                    taken.append(event.message)
+            except LockHeld:
+                pass
+    result = sw.run_sweep(sf.plan(f, repo, cfg), cfg, validate_top=1, on_event=other_ar)
+    assert len(tried) >= 2 and not taken, taken                   # the rounds' Loop, the re-runs' Loop
+    assert result.ran == 3 and len(sweep_rows(repo, "sweep-lk")) == 3
+
+
 def test_resume_after_kill_9_skips_what_finished_and_runs_nothing_twice(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "sweep-kill.yaml", axes={"LR_MULT": [1.0, 2.0, 0.5, 1.5]},
                     fixed={"TIME_BUDGET": 1.5, "TOTAL_BATCH_SIZE": "2**17"})

@@ -182,23 +182,33 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     run first and nothing is queued twice. Then --validate-top re-runs the best K points with other seeds."""
     from .. import config
     from ..gitops import GitRepo, branch_name
+    from ..lock import RepoLock
+
+    cfg = config.replace(cfg, profile=p.profile)
+    git = GitRepo(p.repo)
+    # one lock from the branch to the last run: nothing touches the repo before it is held (an `ar run` may own it),
+    # and no other ar takes the repo between the sweep's rounds
+    with RepoLock(RunsLayout(git.root).lock, tag=p.tag, command=command) as held:
+        if not git.branch_exists(p.tag):
+            git.ensure_clean(command="ar sweep")
+            git.repo.create_head(branch_name(p.tag), p.base)
+        return _run_locked(p, cfg, held, early_stop=early_stop, validate_top=validate_top, on_event=on_event,
+                           command=command)
+
+
+def _run_locked(p: Plan, cfg, held, *, early_stop: bool, validate_top: int, on_event, command: str) -> SweepResult:
+    """run_sweep under its lock (`held`, lent to every Loop it opens)."""
+    from .. import config
     from ..session import Event, Loop
 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
-    cfg = config.replace(cfg, profile=p.profile)
-    git = GitRepo(p.repo)
-    if not git.branch_exists(p.tag):   # nothing touches the repo before its lock is held (an `ar run` may own it)
-        from ..lock import RepoLock
-        with RepoLock(RunsLayout(git.root).lock, tag=p.tag, command=command):
-            git.ensure_clean(command="ar sweep")
-            git.repo.create_head(branch_name(p.tag), p.base)
     monitor = EarlyStopper(p.tag_dir, p.sweep.early_stop) if early_stop else None
     result = SweepResult()
 
     def loop(budget: float | None = None) -> Loop:
         c = cfg if budget is None else config.replace(cfg, time_budget=budget)
         return Loop(c, p.repo, p.tag, None, on_event=on_event, monitor_factory=monitor, baseline=False,
-                         command=command)
+                    command=command, lock=held)
 
     def drain(open_loop: Loop | None = None) -> bool:
         """Run the queue empty; False when the loop stopped for another reason (Ctrl-C, crashes). A re-run
