@@ -280,7 +280,7 @@ def test_a_run_that_trained_under_half_its_budget_is_never_kept_on_its_val_bpb(t
     ways: never asking ar's feed, or spending 5 CPU-s of start-up (past what the baseline's allows: the window
     is cut under half of 3 s), is discarded whatever its val_bpb; trained honestly, it is kept."""
     root = make_repo(tmp_path)
-    # 3 s: an honest save fits a loaded machine; 30 s of wall start-up before the kill: the 5 CPU-s took 15 s
+    # 3 s: an honest save fits a loaded machine; 30 s of wall start-up before the kill: the 5 CPU-s ran past 18 s
     # beside a busy worker, and a killed run is a timeout, not the half-window rule this test shows
     with Loop(cfg(time_budget=3.0, startup_allowance=30), root, "t", None) as loop:
         loop.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "FAIL_MODE": "no_feed"})
