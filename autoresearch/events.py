@@ -54,8 +54,9 @@ def slot_fields(slot) -> dict:
 class EventLog:
     """The writer: one per session (the lock holder's), shared by its slots' threads."""
 
-    def __init__(self, path: Path, *, step_every: float = STEP_EVERY_S, max_bytes: int = MAX_BYTES):
-        self.path, self.step_every, self.max_bytes = Path(path), step_every, max_bytes
+    def __init__(self, path: Path, *, step_every: float = STEP_EVERY_S, max_bytes: int = MAX_BYTES, clock=time):
+        """`clock`: what stamps each event and throttles the step lines (the `time` module, or a test's clock)."""
+        self.path, self.step_every, self.max_bytes, self.clock = Path(path), step_every, max_bytes, clock
         self._lock = threading.Lock()
         self._step_at: dict[int, float] = {}      # exp_id -> when its last step was written (monotonic)
         self._pending: dict[int, dict] = {}       # exp_id -> its latest step not yet written (throttled)
@@ -99,13 +100,13 @@ class EventLog:
     def step(self, x, p, node: str | None = None) -> None:
         fields = {"exp_id": x.spec.id, **p.__dict__, **({"node": node} if node else {})}
         with self._lock:
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if now - self._step_at.get(x.spec.id, -1e9) < self.step_every:
                 self._pending[x.spec.id] = fields
                 return
             self._step_at[x.spec.id] = now
             self._pending.pop(x.spec.id, None)
-            self._append_locked({"t": time.time(), "type": "step", **fields}, durable=False)
+            self._append_locked({"t": self.clock.time(), "type": "step", **fields}, durable=False)
 
     def settled(self, x, row) -> None:
         """x is recorded as `row` (None: skipped, the proposer had nothing; no row)."""
@@ -122,12 +123,12 @@ class EventLog:
                 self._flush_locked(fields["exp_id"])      # the last step goes before the phase that ends it
             if type == "experiment_settled":
                 self._step_at.pop(fields["exp_id"], None)
-            self._append_locked({"t": time.time(), "type": type, **fields}, durable=True)
+            self._append_locked({"t": self.clock.time(), "type": type, **fields}, durable=True)
 
     def _flush_locked(self, exp_id: int) -> None:
         fields = self._pending.pop(exp_id, None)
         if fields is not None:
-            self._append_locked({"t": time.time(), "type": "step", **fields}, durable=False)
+            self._append_locked({"t": self.clock.time(), "type": "step", **fields}, durable=False)
 
     def _append_locked(self, event: dict, durable: bool) -> None:
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"

@@ -23,10 +23,11 @@ class Stop(Exception):
 class Limits:
     """The tally of one session and the rules it is held to."""
 
-    def __init__(self, loop, max_experiments: int | None, max_hours: float | None):
-        self.loop, self.max_experiments, self.max_hours = loop, max_experiments, max_hours
+    def __init__(self, loop, max_experiments: int | None, max_hours: float | None, clock=time):
+        """`clock`: where --max-hours is timed (the `time` module, or a clock a test moves)."""
+        self.loop, self.max_experiments, self.max_hours, self.clock = loop, max_experiments, max_hours, clock
         self.n = self.kept = self.failures = 0
-        self.t0 = time.monotonic()
+        self.t0 = clock.monotonic()
         self.max_usd = loop.cfg.max_usd
         self.cost_unknown_said = False
 
@@ -70,7 +71,7 @@ class Limits:
         """Why no further experiment may start ("" while there is room), with `in_flight` already dispatched."""
         if self.max_experiments is not None and self.n + in_flight >= self.max_experiments:
             return f"reached --max-experiments {self.max_experiments}"
-        if self.max_hours is not None and time.monotonic() - self.t0 >= self.max_hours * 3600:
+        if self.max_hours is not None and self.clock.monotonic() - self.t0 >= self.max_hours * 3600:
             return f"reached --max-hours {self.max_hours:g}"
         if self.max_usd is not None:   # from the ledger: the spend of earlier sessions of the tag counts
             spent = cost.spent(self.loop.ledger.rows())

@@ -276,7 +276,7 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
                  on_line: Callable[[str], str | None] | None = None, max_log_bytes: int = 50 * 2**20,
                  grace: float = 5.0, run_id: str | None = None, gate: Callable[[subprocess.Popen], bool] | None = None,
                  pass_fds: tuple[int, ...] = (),
-                 on_start: Callable[[subprocess.Popen], None] | None = None) -> RunResult:
+                 on_start: Callable[[subprocess.Popen], None] | None = None, clock=time) -> RunResult:
     """Run `cmd` to completion or until stopped; see the module docstring. Never leaves processes behind.
 
     `on_line` runs in the reader thread for each output line (without its newline); returning a string
@@ -284,7 +284,8 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
     An OSError writing the log (disk full) also stops the run and is re-raised. `gate(proc)`, when given, is
     called once the process has started and returns when it may go on (False: stop it, as interrupted); the
     timeout and the wall time count from its return (harness/launcher.py). `on_start(proc)` is called once the
-    process has started (before `gate`).
+    process has started (before `gate`). `clock` times the timeout and the wall time (the `time` module, or a
+    clock a test moves).
     """
     run_id = run_id or uuid.uuid4().hex
     env = {str(k): str(v) for k, v in env.items()}
@@ -292,7 +293,7 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    t0 = clock.monotonic()
     since = time.time()
     log = open(log_path, "wb", buffering=0)
     try:
@@ -304,7 +305,7 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
         log.write(f"[ar] could not start {cmd[0]!r}: {e.strerror or e}\n".encode())
         log.close()
         return RunResult(None, False, f"could not start {cmd[0]!r}: {e.strerror or e}",
-                         time.monotonic() - t0, log_path, False, run_id)
+                         clock.monotonic() - t0, log_path, False, run_id)
     assert proc.stdout is not None
     pump = _Pump(proc.stdout.fileno(), log, max_log_bytes, on_line)
     pump.start()
@@ -324,7 +325,7 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
                 stop = STOP_INTERRUPTED
         except KeyboardInterrupt:
             stop = STOP_INTERRUPTED
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
     deadline = t0 + timeout
     next_track = 0.0
     try:
@@ -337,7 +338,7 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
             if pump.error is not None:
                 stop = f"stopped: {pump.error}"
                 break
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= deadline:
                 stop, timed_out = STOP_TIMEOUT, True
                 break
@@ -364,7 +365,7 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         pass
-    wall = time.monotonic() - t0
+    wall = clock.monotonic() - t0
 
     pump.join(timeout=2.0)
     pump.finish.set()

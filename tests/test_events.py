@@ -19,6 +19,8 @@ from autoresearch.views.status import read_status
 from test_loop import _isolated, ar, make_repo, wait_for, write_cfg  # noqa: F401  (autouse fixture)
 from test_serve import Served
 
+from fixtures.clocks import ManualClock
+
 SLOTS = [{"slot": 0, "label": "GPU 0", "gpu": 0, "kind": "gpu"}, {"slot": 1, "label": "GPU 1", "gpu": 1, "kind": "gpu"}]
 
 
@@ -170,6 +172,25 @@ def test_steps_are_throttled_and_the_last_one_is_kept(tmp_path):
     types = [e["type"] for e in read(f)]
     assert types == ["session_started", "experiment_started", "step", "step", "phase"]
     assert [e["step"] for e in read(f) if e["type"] == "step"] == [1, 500]
+
+
+def test_the_throttle_and_the_stamps_are_on_the_logs_clock(tmp_path):
+    """A step line a second, a step event every 5 s of the log's clock (moved by the test), the last one flushed
+    before the phase that ends the run; every event stamped with that clock's time."""
+    clock = ManualClock(wall=5000.0)
+    f = tmp_path / "events.jsonl"
+    log = EventLog(f, step_every=5.0, clock=clock)
+    log.session_started(tag="t", by_slot=False, slots=[])
+    x = _x(1)
+    log.started(SimpleNamespace(slot=SimpleNamespace(index=0)), x)
+    for n in range(1, 21):
+        log.step(x, _p(n))
+        clock.advance(1.0)
+    log.phase(x, "evaluating")
+    events = read(f)
+    assert [e["step"] for e in events if e["type"] == "step"] == [1, 6, 11, 16, 20]
+    assert [e["t"] for e in events if e["type"] == "step"][:4] == [5000.0, 5005.0, 5010.0, 5015.0]
+    assert events[-1]["t"] == 5020.0
 
 
 def test_a_flood_of_steps_stays_bounded(tmp_path):

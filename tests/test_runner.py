@@ -11,6 +11,8 @@ import pytest
 
 from autoresearch.runner import RUN_ID_VAR, find_marked, run_training, stop_marked
 
+from fixtures.clocks import ManualClock
+
 PY = sys.executable
 
 
@@ -72,11 +74,20 @@ def test_env_gets_a_run_id(tmp_path):
 
 
 def test_timeout_kills_a_silent_child(tmp_path):
-    t = time.monotonic()
-    r = run(tmp_path, "import time; time.sleep(60)", timeout=0.5)
+    """The timeout is on the clock the runner is given: the test moves it an hour on, and nothing waits for it."""
+    clock = ManualClock()
+    r = run(tmp_path, "import time; print('up', flush=True); time.sleep(60)", timeout=3600, clock=clock,
+            on_line=lambda line: clock.advance(3600.5) if line == "up" else None)
     assert r.timed_out and r.stop_reason == "timeout" and r.returncode == -signal.SIGTERM
-    assert time.monotonic() - t < 5 and 0.5 <= r.wall_seconds < 5
+    assert r.wall_seconds >= 3600
     assert "[ar] run stopped (timeout)" in r.log_path.read_text()
+
+
+def test_a_child_inside_its_timeout_is_not_stopped(tmp_path):
+    clock = ManualClock()
+    r = run(tmp_path, "print('up', flush=True)", timeout=3600, clock=clock,
+            on_line=lambda line: clock.advance(3599.0) if line == "up" else None)
+    assert r.returncode == 0 and not r.timed_out and r.stop_reason is None
 
 
 def test_sigterm_ignored_means_sigkill_after_grace(tmp_path):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +124,100 @@ def short_window_note(window: float | None, budget: float) -> str | None:
         return "it never asked ar's feed for a batch, so it trained on no training data: not kept on its val_bpb"
     return (f"its training window was {window:.1f}s of its {budget:g}s budget (less than {SHORT_WINDOW:.0%}): "
             f"not kept on its val_bpb")
+
+
+# The verdict: what ar's clock says of one run once it has exited, from what ar saw of it (its timeline). A pure
+# function of that timeline and the baseline's credit, so every rule is a row in tests/test_clock.py.
+
+LAST_STEP_SAVE = 2.0         # before the baseline's finish is known: the last step and saving may take 2 s +
+LAST_STEP_STEPS = 3          # up to 3 of the run's typical steps past the window, in wall seconds
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What ar saw of one run, in seconds from ar's clock start (the process, or its turn on the GPU)."""
+    budget: float                          # the time budget
+    slack_cap: float                       # the most a last step may run past the window (RunRequest)
+    startup_allowance: float               # before the baseline: start-up allowed before the run is killed
+    wall: float                            # the process's life
+    opened: float | None = None            # the feed served its first batch (the window opens); None: never
+    deadline: float | None = None          # the window's end, as the feed held it (the budget less any charge)
+    steps: tuple[float, ...] = ()          # each step line's arrival
+    written: float | None = None           # the checkpoint last changed (its ctime)
+    samples: tuple[tuple[float, float], ...] = ()   # (when, the run's CPU seconds) from the window's start
+    stopped: bool = False                  # ar stopped it (a kill, Ctrl-C): its own reason stands
+
+
+@dataclass(frozen=True)
+class Verdict:
+    trained: float                         # the window's start → checkpoint, at most to the window's end
+    interval: float | None                 # the median gap between step lines in the window
+    over: str | None                       # why the run counts as past its budget, or None
+    tail_cpu: float | None = None          # CPU seconds from the window's end to the checkpoint (None: unknown)
+    finish: tuple[float | None, float | None] = (None, None)   # one step + the time past the window (wall, CPU)
+
+
+def cpu_between(samples, a: float, b: float) -> float:
+    """CPU seconds used between times a and b, from (time, CPU seconds) samples in time order: each end read at
+    the first sample at or after it (the last sample when none is), so a finish is never counted short by more
+    than the time between two samples."""
+    def at(t: float) -> float:
+        return next((cpu for when, cpu in samples if when >= t), samples[-1][1])
+    return max(0.0, at(b) - at(a)) if samples and b > a else 0.0
+
+
+def own_slack(t: Timeline, gaps: list[float]) -> float:
+    """The run's own last-step slack (wall seconds): 2 s + its last step, at most 3 of its typical steps, capped."""
+    last = min(gaps[-1], LAST_STEP_STEPS * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
+    return min(t.slack_cap, LAST_STEP_SAVE + last)
+
+
+def verdict(t: Timeline, credit: Credit, device: str) -> Verdict:
+    """The clock's verdict on one run: how long it trained, and whether it trained past its budget."""
+    marks = ([t.opened] if t.opened is not None else []) + list(t.steps)
+    marks = [m for m in marks if t.opened is None or m >= t.opened]
+    gaps = [b - a for a, b in zip(marks, marks[1:])]
+    interval = statistics.median(gaps) if gaps else None
+    slack = own_slack(t, gaps)
+    over = tail_cpu = None
+    finish: tuple = (None, None)
+    if t.opened is None:           # it never asked for a batch (or no feed: a command objective's run)
+        ended = min(t.wall, t.written) if t.written is not None else t.wall
+        limit = t.startup_allowance + t.budget + slack
+        if not t.stopped and ended > limit:
+            over = (f"ran {ended:.1f}s by ar's clock (start to checkpoint), past the start-up allowance "
+                    f"{t.startup_allowance:g}s + budget {t.budget:g}s + last-step slack {slack:.1f}s")
+        return Verdict(0.0, interval, _hint(over, interval, t.slack_cap))
+    end = t.deadline if t.deadline is not None else t.opened + t.budget
+    written = t.written
+    trained = max(0.0, min(written, end) - t.opened) if written is not None else 0.0
+    if written is not None:
+        tail_cpu = cpu_between(t.samples, end, written) if t.samples else None    # none: the wall rule
+        in_window = [s for s in t.steps if t.opened <= s <= end]
+        step_cpu = (cpu_between(t.samples, t.opened, in_window[-1]) / len(in_window)
+                    if in_window and t.samples else None)
+        finish = (interval + max(0.0, written - end) if interval is not None else None,
+                  step_cpu + tail_cpu if step_cpu is not None and tail_cpu is not None else None)
+    allowed = finish_allowance(credit, device if tail_cpu is not None else "wall")
+    if t.stopped or written is None:
+        pass
+    elif written - end > slack:         # a wall bound, whatever the currency below (a run that sleeps)
+        over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the "
+                f"budget (the window: {end - t.opened:.1f}s from its first batch; the last step and "
+                f"saving may take {slack:.1f}s)")
+    elif allowed is not None and (tail_cpu if allowed[1] == "cpu" else written - end) > allowed[0]:
+        spent = f"{tail_cpu:.1f} CPU-s" if allowed[1] == "cpu" else f"{written - end:.1f}s"
+        base = credit.finish_cpu if allowed[1] == "cpu" else credit.finish
+        over = (f"trained past the budget: wrote its checkpoint {written - end:.1f}s after its training window "
+                f"closed and used {spent} after it, more than the {allowed[0]:.1f} the baseline's finish allows "
+                f"(its last step and save took {base:.1f}; × {FINISH_FACTOR:g} + {FINISH_SLACK:g}): training "
+                f"ends inside the window (train.py plans its last step so)")
+    return Verdict(trained, interval, _hint(over, interval, t.slack_cap), tail_cpu, finish)
+
+
+def _hint(over: str | None, interval: float | None, slack_cap: float) -> str | None:
+    if over and interval and interval > slack_cap / 2:       # the budget fits a few steps at best
+        over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
+                 f"(TOTAL_BATCH_SIZE)")
+    return over
+

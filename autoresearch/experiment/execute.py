@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -172,189 +171,182 @@ def _tree_cpu_psutil(proc) -> float | None:
     return total
 
 
-def cpu_between(samples: list[tuple[float, float]], a: float, b: float) -> float:
-    """CPU seconds used between wall clocks a and b, from (wall clock, CPU seconds) samples in time order: each
-    end read at the first sample at or after it (the last sample when none is): a finish is never counted short
-    by more than the time between two samples."""
-    def at(t: float) -> float:
-        return next((cpu for when, cpu in samples if when >= t), samples[-1][1])
-    return max(0.0, at(b) - at(a)) if samples and b > a else 0.0
+class TrainingRun:
+    """One training run on ar's clock; its phases are methods: `gate` (the launcher's trusted start-up, then the
+    GPU turn: ar's clock starts), `opened` (the feed's first batch: the start-up's charge, clock.start_up_cost),
+    `sample` (the run's CPU through its window and finish), `line` (each line the run prints), then `outcome`
+    (clock.verdict on what ar saw). `run` strings them together around runner.run_training.
+    `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the
+    process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
+    is taken). `near_end` is called `req.eval_prestart` seconds before the window's end."""
+
+    def __init__(self, req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
+                 on_line: Callable[[str], str | None] | None = None, allowance: clock.Credit | None = None,
+                 turn=None, near_end: Callable[[], None] | None = None):
+        self.req, self.ws, self.data_files, self.log_path = req, ws, data_files, log_path
+        self.on_line, self.turn, self.near_end = on_line, turn, near_end
+        self.credit = allowance or clock.Credit()
+        self.steps: list[float] = []          # each step line's arrival, from ar's clock start (monotonic)
+        self.built: float | None = None       # the model line's arrival (a phase mark for `timing.json` only)
+        self.t0, self.t0_wall = time.monotonic(), time.time()   # ar's clock: here, or when the turn is taken
+        self.proc = None
+        self.cpu0 = 0.0                       # the run's CPU seconds at ar's clock start (the launcher's are not its)
+        self.start_cost: tuple[float | None, float, str | None] = (None, 0.0, None)
+        self.taken = False
+        self.timers: list[threading.Timer] = []
+        self.ready = threading.Event()        # the launcher's trusted start-up is done
+        self.samples: list[tuple[float, float]] = []     # (wall clock, the run's CPU seconds) from the window
+        self.sampled = threading.Event()
+        self.go_r = self.go_w = None
+        self.feed = (Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=self.opened)
+                     if req.tok_dir else None)
+
+    def command(self) -> list[str]:
+        cmd = list(self.req.train_command)
+        if self.turn is not None and launchable(cmd):
+            self.go_r, self.go_w = os.pipe()
+            cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.launcher", str(self.go_r), cmd[1]]
+        if self.req.sandbox:
+            policy = self.ws.root / "train-policy.json"
+            policy.write_text(json.dumps(train_policy(self.req, self.ws, self.data_files)))
+            cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
+        return cmd
+
+    def sample(self) -> None:
+        """The run's CPU seconds through its window (every 0.25 s, and at its end) and after it (every 0.05 s)
+        until it exits: what its finish cost, in the currency of the CPU (clock.finish_allowance)."""
+        while not self.sampled.is_set():
+            cpu = tree_cpu(self.proc)
+            if cpu is None:
+                return
+            self.samples.append((time.time(), cpu))
+            left = (self.feed.deadline or 0.0) - time.time()
+            self.sampled.wait(min(0.25, left) if left > 0.01 else 0.05)
+
+    def opened(self) -> float:
+        """The feed's first batch: what the start-up costs the window (clock.py)."""
+        cpu = tree_cpu(self.proc) if self.proc is not None else None
+        wall, used = time.time() - self.t0_wall, (cpu - self.cpu0 if cpu is not None else None)
+        cost, why = clock.start_up_cost(self.credit, self.req.device, wall, used)
+        self.start_cost = (used, cost, why)
+        if cpu is not None:
+            self.samples.append((time.time(), cpu))
+            threading.Thread(target=self.sample, name="ar-cpu", daemon=True).start()
+        if self.near_end is not None and self.req.eval_prestart > 0:
+            timer = threading.Timer(max(0.0, self.req.time_budget - cost - self.req.eval_prestart), self.near_end)
+            timer.daemon = True
+            self.timers.append(timer)
+            timer.start()
+        return cost
+
+    def gate(self, proc=None) -> bool:
+        """Wait for the launcher's trusted start-up, then for the GPU; then start the clock and let it run the
+        script. A launcher that dies first goes on at once (its exit is the run's result)."""
+        while proc is not None and not self.ready.wait(0.2):
+            if proc.poll() is not None:
+                break
+            if self.turn.stopping.is_set():
+                return False
+        if not self.turn.take():
+            return False
+        self.taken = True
+        if proc is not None:
+            self.cpu0 = tree_cpu(proc) or 0.0
+        self.t0, self.t0_wall = time.monotonic(), time.time()
+        if self.go_w is not None:
+            try:
+                os.write(self.go_w, b"go\n")
+            except OSError:
+                pass                 # the launcher is gone already: the run ends as it ended
+        return True
+
+    def line(self, line: str) -> str | None:
+        if not self.ready.is_set() and self.go_w is not None and line == launcher.READY:
+            self.ready.set()     # before the clock: the launcher's own line, said before the proposal is loaded
+            return None
+        if line.startswith("model:") and self.built is None:     # train.py's line once the model is built
+            self.built = time.monotonic() - self.t0
+        if line.startswith("step "):
+            self.steps.append(time.monotonic() - self.t0)
+        return self.on_line(line) if self.on_line else None
+
+    def started(self, proc) -> None:
+        self.proc = proc
+        if self.feed is not None:
+            self.feed.close_child_end()
+
+    def run(self) -> TrainOutcome:
+        cmd = self.command()
+        req, feed = self.req, self.feed
+        env = req.to_environ(tok_view=self.ws.data, checkpoint_dir=self.ws.checkpoint, scratch=self.ws.scratch,
+                             cache=self.ws.caches)
+        if feed is not None:
+            env["AR_DATA_FD"] = str(feed.child_fd)
+        spawned = time.time()
+        fds = tuple(fd for fd in (self.go_r, feed.child_fd if feed else None) if fd is not None)
+        try:
+            if self.turn is not None and self.go_r is None and not self.gate():   # the turn before the start
+                self.log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on "
+                                         "the GPU)\n")
+                result = RunResult(None, False, STOP_INTERRUPTED, 0.0, self.log_path, False)
+            else:
+                result = run_training(cmd, cwd=self.ws.src, env=env, log_path=self.log_path,
+                                      timeout=req.hard_limit(), on_line=self.line, max_log_bytes=req.max_log_bytes,
+                                      gate=self.gate if self.go_r is not None else None, pass_fds=fds,
+                                      on_start=self.started)
+        finally:
+            self.close()
+        return self.outcome(result, spawned)
+
+    def close(self) -> None:
+        self.sampled.set()
+        for t in self.timers:                  # a run that ended early: the evaluator's workers start at "go"
+            t.cancel()
+            t.join()
+        for fd in (self.go_r, self.go_w):
+            if fd is not None:
+                os.close(fd)
+        if self.feed is not None:
+            self.feed.close()
+        if self.taken:
+            self.turn.give_back()
+
+    def timeline(self, result: RunResult, written: float | None) -> clock.Timeline:
+        """What ar saw, in seconds from its clock's start (clock.verdict's input)."""
+        t0, feed = self.t0_wall, self.feed
+        opened = feed.opened_at if feed is not None else None
+        return clock.Timeline(
+            budget=self.req.time_budget, slack_cap=self.req.step_slack_cap(),
+            startup_allowance=self.req.startup_allowance, wall=result.wall_seconds,
+            opened=opened - t0 if opened is not None else None,
+            deadline=feed.deadline - t0 if opened is not None else None,
+            steps=tuple(self.steps), written=written - t0 if written else None,
+            samples=tuple((when - t0, cpu) for when, cpu in self.samples), stopped=bool(result.stop_reason))
+
+    def outcome(self, result: RunResult, spawned: float) -> TrainOutcome:
+        t0, feed = self.t0_wall, self.feed
+        written = checkpoint_written(self.ws.checkpoint)   # training ends when the checkpoint last changed
+        v = clock.verdict(self.timeline(result, written), self.credit, self.req.device)
+        opened_at = feed.opened_at if feed is not None else None
+        phases = {"spawned": spawned, "model_built": t0 + self.built if self.built is not None else None,
+                  "first_step": t0 + self.steps[0] if self.steps else None,
+                  "last_step": t0 + self.steps[-1] if self.steps else None,
+                  "window_end": feed.deadline if feed is not None else None,
+                  "feed_batches": feed.batches if feed is not None else 0,
+                  "feed_refused": feed.refused if feed is not None else 0}
+        used, _, why = self.start_cost
+        return TrainOutcome(result, opened_at - t0 if opened_at is not None else None, v.trained, v.interval,
+                            v.over, self.req.sandbox, started_at=t0, window_start=opened_at,
+                            checkpoint_at=written, phases=phases, startup_cpu=used, tail_cpu=v.tail_cpu,
+                            finish=v.finish,
+                            window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why)
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
         on_line: Callable[[str], str | None] | None = None, allowance: clock.Credit | None = None,
         turn=None, near_end: Callable[[], None] | None = None) -> TrainOutcome:
-    """Train once; `allowance` is the baseline's start-up so far (clock.py; empty until the baseline has run).
-    `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the
-    process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
-    is taken, and ar's clock starts with the turn). The training tokens come from `Feed` (harness/feed.py),
-    which opens the window at the first batch and ends it after the budget, less what clock.py charges.
-    `near_end` is called `req.eval_prestart` seconds before the window's end (the evaluator's workers start then)."""
-    cmd = list(req.train_command)
-    credit = allowance or clock.Credit()
-    go_r = go_w = None
-    if turn is not None and launchable(cmd):
-        go_r, go_w = os.pipe()
-        cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.launcher", str(go_r), cmd[1]]
-    if req.sandbox:
-        policy = ws.root / "train-policy.json"
-        policy.write_text(json.dumps(train_policy(req, ws, data_files)))
-        cmd = [sys.executable, "-I", "-B", "-m", "autoresearch.harness.sandbox", str(policy), "--", *cmd]
-    env = req.to_environ(tok_view=ws.data, checkpoint_dir=ws.checkpoint, scratch=ws.scratch, cache=ws.caches)
-    arrivals: list[float] = []
-    built: list[float] = []           # when the model line arrived (a phase mark for `timing.json` only)
-    t_start = [time.monotonic(), time.time()]   # ar's clock starts here, or when the turn is taken
-    procs: list = []
-    cpu0: list[float] = [0.0]         # the run's CPU seconds when ar's clock started (the launcher's are not its)
-    start_cost: list = []
-    taken: list[bool] = []
-    timers: list[threading.Timer] = []
-    ready = threading.Event()
-    samples: list[tuple[float, float]] = []     # (wall clock, the run's CPU seconds) from its window's start
-    sampled = threading.Event()
-
-    def sample() -> None:
-        """The run's CPU seconds through its window (every 0.25 s, and at its end) and after it (every 0.05 s)
-        until it exits: what its finish cost, in the currency of the CPU (clock.finish_allowance)."""
-        while not sampled.is_set():
-            cpu = tree_cpu(procs[0])
-            if cpu is None:
-                return
-            samples.append((time.time(), cpu))
-            left = (feed.deadline or 0.0) - time.time()
-            sampled.wait(min(0.25, left) if left > 0.01 else 0.05)
-
-    def opened() -> float:
-        """The feed's first batch: what the start-up costs the window (clock.py)."""
-        cpu = tree_cpu(procs[0]) if procs else None
-        wall, used = time.time() - t_start[1], (cpu - cpu0[0] if cpu is not None else None)
-        cost, why = clock.start_up_cost(credit, req.device, wall, used)
-        start_cost[:] = [used, cost, why]
-        if cpu is not None:
-            samples.append((time.time(), cpu))
-            threading.Thread(target=sample, name="ar-cpu", daemon=True).start()
-        if near_end is not None and req.eval_prestart > 0:
-            timers.append(threading.Timer(max(0.0, req.time_budget - cost - req.eval_prestart), near_end))
-            timers[-1].daemon = True
-            timers[-1].start()
-        return cost
-
-    feed = Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=opened) if req.tok_dir else None
-    if feed is not None:
-        env["AR_DATA_FD"] = str(feed.child_fd)
-
-    def gate(proc=None) -> bool:
-        """Wait for the launcher's trusted start-up, then for the GPU; then start the clock and let it run the
-        script. A launcher that dies first goes on at once (its exit is the run's result)."""
-        while proc is not None and not ready.wait(0.2):
-            if proc.poll() is not None:
-                break
-            if turn.stopping.is_set():
-                return False
-        if not turn.take():
-            return False
-        taken.append(True)
-        if proc is not None:
-            cpu0[0] = tree_cpu(proc) or 0.0
-        t_start[:] = [time.monotonic(), time.time()]
-        if go_w is not None:
-            try:
-                os.write(go_w, b"go\n")
-            except OSError:
-                pass                 # the launcher is gone already: the run ends as it ended
-        return True
-
-    def clocked(line: str) -> str | None:
-        if not ready.is_set() and go_w is not None and line == launcher.READY:
-            ready.set()          # before the clock: the launcher's own line, said before the proposal is loaded
-            return None
-        t0 = t_start[0]
-        if line.startswith("model:") and not built:       # train.py's line once the model is built
-            built.append(time.monotonic() - t0)
-        if line.startswith("step "):
-            arrivals.append(time.monotonic() - t0)
-        return on_line(line) if on_line else None
-
-    spawned = time.time()
-    fds = tuple(fd for fd in (go_r, feed.child_fd if feed else None) if fd is not None)
-    try:
-        if turn is not None and go_r is None and not gate():    # not launchable: the turn comes before the start
-            log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on the GPU)\n")
-            result = RunResult(None, False, STOP_INTERRUPTED, 0.0, log_path, False)
-        else:
-            result = run_training(cmd, cwd=ws.src, env=env, log_path=log_path, timeout=req.hard_limit(),
-                                  on_line=clocked, max_log_bytes=req.max_log_bytes,
-                                  gate=gate if go_r is not None else None, pass_fds=fds,
-                                  on_start=lambda proc: (procs.append(proc), feed and feed.close_child_end()))
-    finally:
-        sampled.set()
-        for t in timers:                  # a run that ended early: the evaluator's workers start at "go"
-            t.cancel()
-            t.join()
-        for fd in (go_r, go_w):
-            if fd is not None:
-                os.close(fd)
-        if feed is not None:
-            feed.close()
-        if taken:
-            turn.give_back()
-    t0, t0_wall = t_start
-    written = checkpoint_written(ws.checkpoint)   # training ends when the checkpoint was last changed, not at exit
-    opened_at = feed.opened_at if feed is not None else None
-    marks = ([opened_at - t0_wall] if opened_at is not None else []) + arrivals   # the window's start, each step
-    marks = [m for m in marks if opened_at is None or m >= opened_at - t0_wall]
-    gaps = [b - a for a, b in zip(marks, marks[1:])]
-    interval = statistics.median(gaps) if gaps else None
-    # the last step may finish past the window, if it is no longer than 3 of its typical steps (and saving takes 2 s),
-    # in wall seconds; once the baseline's finish is known, also within what that allows (clock.finish_allowance)
-    last = min(gaps[-1], 3 * statistics.median(gaps[:-1] or gaps)) if gaps else 0.0
-    slack = min(req.step_slack_cap(), 2.0 + last)
-    startup = opened_at - t0_wall if opened_at is not None else None
-    over = tail_cpu = None
-    finish: tuple = (None, None)
-    if opened_at is not None:
-        end = feed.deadline
-        trained = max(0.0, min(written, end) - opened_at) if written else 0.0
-        if written:
-            tail_cpu = cpu_between(samples, end, written) if samples else None   # none: the wall rule
-            in_window = [a for a in arrivals if opened_at - t0_wall <= a <= end - t0_wall]
-            step_cpu = (cpu_between(samples, opened_at, t0_wall + in_window[-1]) / len(in_window)
-                        if in_window and samples else None)
-            finish = (interval + max(0.0, written - end) if interval is not None else None,
-                      step_cpu + tail_cpu if step_cpu is not None and tail_cpu is not None else None)
-        allowed = clock.finish_allowance(credit, req.device if tail_cpu is not None else "wall")
-        if result.stop_reason or not written:
-            pass
-        elif written - end > slack:         # a wall bound, whatever the currency below (a run that sleeps)
-            over = (f"wrote its checkpoint {written - end:.1f}s after its training window closed, past the "
-                    f"budget (the window: {end - opened_at:.1f}s from its first batch; the last step and "
-                    f"saving may take {slack:.1f}s)")
-        elif allowed is not None and (tail_cpu if allowed[1] == "cpu" else written - end) > allowed[0]:
-            spent = f"{tail_cpu:.1f} CPU-s" if allowed[1] == "cpu" else f"{written - end:.1f}s"
-            base = credit.finish_cpu if allowed[1] == "cpu" else credit.finish
-            over = (f"trained past the budget: wrote its checkpoint {written - end:.1f}s after its training window "
-                    f"closed and used {spent} after it, more than the {allowed[0]:.1f} the baseline's finish allows "
-                    f"(its last step and "
-                    f"save took {base:.1f}; × {clock.FINISH_FACTOR:g} + {clock.FINISH_SLACK:g}): training "
-                    f"ends inside the window (train.py plans its last step so)")
-    else:                           # it never asked for a batch (or no feed: a command objective's run)
-        trained = 0.0
-        ended = min(result.wall_seconds, written - t0_wall) if written else result.wall_seconds
-        limit = req.startup_allowance + req.time_budget + slack
-        if not result.stop_reason and ended > limit:
-            over = (f"ran {ended:.1f}s by ar's clock (start to checkpoint), past the start-up allowance "
-                    f"{req.startup_allowance:g}s + budget {req.time_budget:g}s + last-step slack {slack:.1f}s")
-    if over and interval and interval > req.step_slack_cap() / 2:   # the budget fits a few steps at best
-        over += (f"; its steps take {interval:.1f}s each: raise the time budget or make the steps smaller "
-                 f"(TOTAL_BATCH_SIZE)")
-    phases = {"spawned": spawned, "model_built": t0_wall + built[0] if built else None,
-              "first_step": t0_wall + arrivals[0] if arrivals else None,
-              "last_step": t0_wall + arrivals[-1] if arrivals else None,
-              "window_end": feed.deadline if feed is not None else None,
-              "feed_batches": feed.batches if feed is not None else 0,
-              "feed_refused": feed.refused if feed is not None else 0}
-    used, cost, why = start_cost or (None, 0.0, None)
-    return TrainOutcome(result, startup, trained, interval, over, req.sandbox, started_at=t0_wall,
-                        window_start=opened_at, checkpoint_at=written, phases=phases, startup_cpu=used,
-                        tail_cpu=tail_cpu, finish=finish,
-                        window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why)
+    """Train once (TrainingRun); `allowance` is the baseline's start-up so far (clock.py; empty until the
+    baseline has run). The training tokens come from `Feed` (harness/feed.py), which opens the window at the
+    first batch and ends it after the budget, less what clock.py charges."""
+    return TrainingRun(req, ws, data_files, log_path=log_path, on_line=on_line, allowance=allowance, turn=turn,
+                       near_end=near_end).run()

@@ -38,15 +38,16 @@ MAX_TOKENS = 1 << 25            # one reply at most 64 MiB: a request beyond it 
 
 
 class Feed:
-    """Serve training rows to one run over a socket pair; `child_fd` is the end the run inherits."""
+    """Serve training rows to one run over a socket pair; `child_fd` is the end the run inherits. `clock`: where
+    the window's times are read (anything with time(); tests pass one they move)."""
 
     def __init__(self, tok_dir: Path, *, seed: int, budget: float,
-                 on_open: Callable[[], float] | None = None):
+                 on_open: Callable[[], float] | None = None, clock=time):
         tok_dir = Path(tok_dir)
         check_tok_dir(tok_dir, ("train",))
         self.tokens = np.memmap(tok_dir / "train.bin", dtype=np.uint16, mode="r")
         self.offsets = np.load(tok_dir / "train.idx.npy")
-        self.seed, self.budget, self.on_open = seed, float(budget), on_open
+        self.seed, self.budget, self.on_open, self.clock = seed, float(budget), on_open, clock
         self.opened_at: float | None = None       # wall clock: the first batch was asked for
         self.deadline: float | None = None
         self.penalty = 0.0                         # seconds taken off the window (on_open's answer)
@@ -100,8 +101,9 @@ class Feed:
                     return
                 rows, row_len = REQUEST.unpack(req)
                 if rows < 1 or row_len < 2 or rows * row_len > MAX_TOKENS:
-                    return                          # a broken request: the run's next read sees the end
-                now = time.time()
+                    self._sock.shutdown(socket.SHUT_RDWR)   # a broken request: the run's read sees the end now
+                    return
+                now = self.clock.time()
                 if self.opened_at is None:
                     self.penalty = max(0.0, float(self.on_open() if self.on_open else 0.0))
                     self.opened_at, self.deadline = now, now + self.budget - self.penalty
@@ -114,7 +116,7 @@ class Feed:
                 self._sock.sendall(REPLY.pack(ROWS, self.deadline, self.opened_at, epoch, block.size) + data)
                 self.batches += 1
                 self.tokens_served += block.size
-                self.last_served = time.time()
+                self.last_served = self.clock.time()
         except OSError:
             return                                  # the run is gone
 

@@ -1,0 +1,66 @@
+"""ar's training feed (harness/feed.py) on a clock the test moves: the first batch opens the window, the window is
+the budget less what the start-up costs, and nothing is served from its end on. The client is the run's end of
+the socket, here in the same process; nothing waits for the window to pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoresearch.harness.feed import Feed, FeedClient
+
+from fixtures.clocks import ManualClock
+
+
+@pytest.fixture
+def feed_and_client(tiny_dataset):
+    made = []
+
+    def make(budget: float, charge: float = 0.0):
+        clock = ManualClock(wall=2_000_000.0)
+        feed = Feed(tiny_dataset.tok_dir, seed=42, budget=budget, on_open=lambda: charge, clock=clock)
+        client = FeedClient(feed.child_fd)
+        feed.child_fd = None               # the client owns that end now
+        made.append((feed, client))
+        return feed, client, clock
+
+    yield make
+    for feed, client in made:
+        client.close()
+        feed.close()
+
+
+@pytest.mark.parametrize("budget, charge, served_at, closed_at", [
+    (10.0, 0.0, [0.0, 5.0, 9.99], 10.0),      # the window is the budget from the first batch
+    (10.0, 3.0, [0.0, 6.99], 7.0),            # a start-up charge of 3 s ends it 3 s sooner
+    (10.0, 15.0, [], 0.0),                    # a charge past the budget: nothing at all is served
+])
+def test_the_window_opens_at_the_first_batch_and_serves_nothing_from_its_end(feed_and_client, budget, charge,
+                                                                               served_at, closed_at):
+    feed, client, clock = feed_and_client(budget, charge)
+    clock.advance(42.0)                       # start-up before the first batch is not in the window
+    opened = clock.time()
+    for t in served_at:
+        clock.advance(opened + t - clock.time())
+        got = client.fetch(2, 65)
+        assert got is not None, t
+        rows, epoch = got
+        assert rows.shape == (2, 65) and rows.dtype == np.dtype("<u2") and epoch >= 0
+    clock.advance(opened + closed_at - clock.time())
+    assert client.fetch(2, 65) is None
+    assert client.fetch(2, 65) is None                     # and never again
+    assert feed.opened_at == opened and feed.deadline == pytest.approx(opened + budget - charge)
+    assert feed.batches == len(served_at) and feed.refused == 2       # each ask past the end refused
+    assert client.deadline == pytest.approx(opened + budget - charge) and client.window_start == opened
+
+
+def test_a_broken_request_ends_the_feed(feed_and_client):
+    feed, client, _ = feed_and_client(10.0)
+    assert client.fetch(0, 65) is None                      # zero rows: the feed hangs up
+    assert client.fetch(2, 65) is None
+    assert feed.batches == 0
+
+
+def test_the_same_seed_serves_the_same_rows(feed_and_client):
+    (_, a, _), (_, b, _) = feed_and_client(10.0), feed_and_client(10.0)
+    assert all(np.array_equal(a.fetch(4, 33)[0], b.fetch(4, 33)[0]) for _ in range(3))
