@@ -1,7 +1,8 @@
-"""`ar run` and `ar status` from the command line, and the config they load."""
+"""`ar run`, `ar status`, `ar try` and `ar eval` from the command line, and the config they load."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.config import DEFAULT_NOISE, RunConfig, load_config
 from autoresearch.errors import ConfigError
-from autoresearch.ledger import read_results
+from autoresearch.ledger import Status, read_results
+
+from test_loop import no_ar_settings  # noqa: F401  (a fixture, asked for by name)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -202,3 +205,138 @@ def test_zero_config_with_the_real_train_py(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "preparing the builtin corpus" in r.stdout and "cpu profile" in r.stdout
     assert "best: " in r.stdout and "val_bpb" in r.stdout
+
+
+# ------------------------------------------------------------------- ar try, ar eval, a mistyped key, the status line
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+# `python -m autoresearch ARGS` in a subprocess
+def run_ar(*args, cwd, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp_path, prepared_cache, monkeypatch):
+    from autoresearch.gitops import GitRepo
+    from autoresearch.knobs import set_knobs
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()                          # the tag's best: the baseline
+    head, results = GitRepo(root).head_sha(), (root / "runs" / "t" / "results.tsv").read_bytes()
+    set_knobs(root / "train.py", {"TOTAL_BATCH_SIZE": 2**18})              # a hand edit, not committed
+    edited = (root / "train.py").read_text()
+    r = run_ar("try", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-3].startswith("trial 0001, working tree (train.py changed) on %s: val_bpb " % head[:7]), r.stdout
+    assert "would be kept: val_bpb" in lines[-3] and "beats the best" in lines[-3]
+    assert lines[-2].startswith("tag t: best ") and "keep threshold 0.002" in lines[-2]
+    (trial,) = read_results(root / "runs" / "t" / "trials.tsv")
+    assert trial.status is Status.TRIAL and trial.val_bpb is not None and trial.time_budget == 0.5
+    assert (root / "runs" / "t" / f"trial-0001-{trial.commit}" / "record.json").is_file()
+    # nothing committed, no branch moved, the tree as the user left it, the tag's records untouched
+    assert GitRepo(root).head_sha() == head and (root / "train.py").read_text() == edited
+    assert (root / "runs" / "t" / "results.tsv").read_bytes() == results
+    assert git(root, "status", "--porcelain") == "M train.py"
+
+
+def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_checkpoint(tmp_path, prepared_cache,
+                                                                                      monkeypatch):
+    import os
+    import shutil
+    from autoresearch.session import Loop
+    from autoresearch.workspace import init_workspace
+    from test_loop import cfg, make_repo
+
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert "checkpoint/" in (init_workspace(tmp_path / "ws").path / ".gitignore").read_text().split()
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()                          # a tag with a best to compare with
+    shutil.copy(ROOT / "train.py", root / "train.py")                      # the real model, edited by hand
+    (root / ".gitignore").write_text("runs/\n__pycache__/\ncheckpoint/\n")
+    env = {**os.environ, "AR_PROFILE": "cpu", "AR_TIME_BUDGET": "2"}
+    hand = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert hand.returncode == 0, hand.stdout[-2000:] + hand.stderr[-2000:]
+    assert hand.stdout.splitlines()[-1].startswith("to score it: `ar eval checkpoint`"), hand.stdout[-500:]
+    assert (root / "checkpoint" / "model.json").is_file()
+    r = run_ar("eval", "checkpoint", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first, best = r.stdout.splitlines()[-3:-1]
+    assert first.startswith("eval 0001, checkpoint ") and " val_bpb " in first and "not decided" in first, r.stdout
+    assert best.startswith("tag t: best ")
+    missing = run_ar("eval", "nowhere", cwd=root)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "is not a checkpoint" in missing.stderr
+
+
+@pytest.mark.usefixtures("no_ar_settings")
+def test_ar_eval_refuses_a_folder_without_weights_before_numbering_and_its_hint_is_true(tmp_path, prepared_cache):
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run(max_experiments=1)
+    (exp,) = [d for d in (root / "runs" / "t").iterdir() if d.name.startswith("0001-")]
+    assert (exp / "model.json").is_file()                                     # the built config, no weights
+    r = run_ar("eval", exp, cwd=root)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert "weights.safetensors" in r.stderr and "python train.py" in r.stderr, r.stderr
+    assert "pass the folder a run saved" not in r.stderr
+    assert not (root / "runs" / "t" / "trials.tsv").exists() and not list((root / "runs" / "t").glob("eval-*"))
+
+
+def test_a_mistyped_config_key_gets_a_suggestion_and_the_run_limits_are_keys(tmp_path, prepared_cache):
+    from autoresearch.config import load_config
+    from autoresearch.errors import ConfigError
+    from autoresearch.ledger import read_results
+    from test_loop import make_repo
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_experiment: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert "did you mean 'max_experiments'?" in str(e.value) and "known keys" not in str(e.value)
+    assert load_config(None, {"max_hours": 2.0}).max_hours == 2.0
+    root = make_repo(tmp_path)
+    (tmp_path / "run.yaml").write_text("profile: cpu\ntime_budget: 0.5\neval_tokens: 2048\nnoise: 0.002\n"
+                                       "max_experiments: 1\n")
+    r = run_ar("run", "--tag", "t", "--config", tmp_path / "run.yaml", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stopped: reached --max-experiments 1" in r.stdout
+    assert len(read_results(root / "runs" / "t" / "results.tsv")) == 1
+    lines = r.stdout.splitlines()
+    assert sum("results in runs/t/" in ln for ln in lines) == 1, r.stdout     # the tag named once
+    assert any(ln.startswith("branch autoresearch/t starts at ") for ln in lines), r.stdout
+    st = json.loads(run_ar("status", "--tag", "t", "--json", cwd=root).stdout)
+    assert st["tag"] == "t" and st["counts"] == {"keep": 1}
+    missing = run_ar("status", "--tag", "nope", cwd=root)
+    assert missing.returncode == 1 and "no tag 'nope'" in missing.stderr and "tags: t" in missing.stderr
+
+
+@pytest.mark.usefixtures("no_ar_settings")
+def test_status_says_what_the_experiment_is_doing_in_words():
+    from autoresearch.cli.run import _experiment_line
+
+    def line(kind, phase, **x):
+        return _experiment_line({"running": True, "status": {"experiment": {
+            "id": 4, "kind": kind, "phase": phase, "description": "strategy: LR_MULT 1.0 -> 1.5", **x},
+            "step": {"step": 5, "pct": 40.0, "loss": 3.2, "tokens_per_s": 4000, "mfu": None, "remaining_s": 12}}})
+    got = line("propose", "training")
+    assert got.startswith("now: experiment 0004, a proposal, is training: strategy: LR_MULT 1.0 -> 1.5"), got
+    assert "(propose, training)" not in got and "step 5, 40.0%" in got
+    assert line("propose", "proposing").startswith("now: experiment 0004, a proposal, is being written by the "
+                                                   "proposer")
+    assert "the baseline, is being scored by the evaluator" in line("baseline", "evaluating")
+    assert "a re-run of a commit, is training" in line("rerun", "training")
+    assert "is being checked and committed" in line("knobs", "committing")
+    assert "is being decided and recorded" in line("commit", "settling")

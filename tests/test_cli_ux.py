@@ -1,5 +1,7 @@
 """The first hour at the command line: --version, -h, completion, the `autoresearch` name beside binutils' `ar`,
-plain output into pipes and under NO_COLOR, the exit-code table, and --json that stays JSON when a command fails.
+plain output into pipes and under NO_COLOR, the exit-code table, and --json that stays JSON when a command fails;
+help text (the Ray extra by the package's name, flags without a value, bare `ar`) and one-line errors (a bad
+budget, outside a repository, a dirty tree with no git identity).
 
 Through the installed console scripts in real subprocesses where the entry point matters (exit codes, pipes,
 terminals, PATH); through Typer's runner where it adds nothing."""
@@ -24,9 +26,12 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.ledger import Ledger, Row, Status
 
+from test_loop import no_ar_settings  # noqa: F401  (a fixture, asked for by name)
+
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 AR, AUTORESEARCH = str(SCRIPTS / "ar"), str(SCRIPTS / "autoresearch")
 VERSION = metadata.version("autoresearch-ar")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -223,3 +228,97 @@ def test_user_gpu_table_overrides_and_extends_and_doctor_names_it(tmp_path, env)
     r = ar("doctor", "--repo", tmp_path, env=env)
     line = next(ln for ln in r.stdout.splitlines() if "gpu table" in ln)
     assert line.startswith(f"✗ gpu table  GPU table {user}: not valid YAML at line 2") and "Traceback" not in r.stderr
+
+
+# -------------------------------------------------------------------------------------- 7. help text, one-line errors
+
+# `python -m autoresearch ARGS` in a subprocess
+def run_ar(*args, cwd, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+BOX = set("─│┃━┏┓┗┛╭╮╰╯┌┐└┘├┤┬┴┼")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_non_finite_or_non_positive_budgets_are_one_line(tmp_path, value):
+    r = run_ar("run", "--repo", str(tmp_path), "--time-budget", value, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert "time_budget" in out and ("finite" in out or "positive" in out), out
+    (tmp_path / "run.yaml").write_text(f"time_budget: {value if value not in ('nan', 'inf') else '.' + value}\n")
+    r = run_ar("run", "--repo", str(tmp_path), "--config", str(tmp_path / "run.yaml"), cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "time_budget" in out and "Traceback" not in out, out
+
+
+def test_help_keeps_the_ray_extra_in_brackets():
+    out = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "250"}).output
+    assert "autoresearch-ar[ray]" in out, out
+
+
+def test_help_and_a_sweeps_plan_into_a_pipe_are_plain_lines(tmp_path):
+    from test_loop import make_repo
+
+    r = run_ar("run", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and not BOX & set(r.stdout), r.stdout
+    assert "--max-consecutive-crashes" in r.stdout and "autoresearch-ar[ray]" in r.stdout
+    assert max(map(len, r.stdout.splitlines())) > 100                     # not wrapped at 80 columns
+    root = make_repo(tmp_path)
+    (root / "s.yaml").write_text("name: lr\nprofile: cpu\naxes: {LR_MULT: [1.0, 2.0]}\n")
+    r = run_ar("sweep", "s.yaml", "--dry-run", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert not BOX & set(r.stdout), r.stdout
+    assert "plan (listed)" in r.stdout and "#\tstate\tbudget\tpoint" in r.stdout
+
+
+def test_flags_in_rich_help_take_no_value(tmp_path):
+    import os
+    import re
+    env = {**os.environ, "FORCE_COLOR": "1", "COLUMNS": "150"}          # Rich's help, as on a terminal
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "-h"], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=60)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
+    lines = {ln.split()[1]: ln for ln in text.splitlines() if ln.startswith("│ --")}
+    assert "<bool>" not in lines["--unsandboxed"] and "<bool>" not in lines["--help"], text
+    assert "<path>" in lines["--repo"] and "autoresearch-ar[ray]" in text
+
+
+def test_every_pip_install_of_an_extra_names_the_package():
+    import re
+    import tomllib
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").glob("*.yaml"),
+             *(ROOT / "autoresearch").rglob("*.py")]
+    found = {(p.name, m) for p in texts
+             for m in re.findall(r"pip install\s+(?:-e\s+)?[\"']?([A-Za-z0-9_.-]+)\\{0,2}\[", p.read_text())}
+    assert found and all(m in (name, ".") for _, m in found), sorted(found)
+
+
+@pytest.mark.usefixtures("no_ar_settings")
+def test_bare_ar_prints_the_usage_into_a_pipe_too():
+    r = run_ar(cwd=ROOT)
+    assert "Usage:" in r.stdout + r.stderr and " run " in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert r.returncode == 2
+
+
+def test_outside_a_repository_one_message_says_all_the_way(tmp_path):
+    (tmp_path / "train.py").write_text("DEPTH = 1\n")
+    r = run_ar("run", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "`ar init DIR`" in r.stderr and "git init && git add train.py && git commit -m baseline" in r.stderr
+
+
+def test_with_no_git_identity_the_dirty_tree_advice_works(tmp_path, prepared_cache):
+    import os
+    from test_loop import make_repo
+
+    root = make_repo(tmp_path)                                  # committed with -c user.*: no identity stored
+    (root / "train.py").write_text((root / "train.py").read_text() + "\n# my edit\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(HOME=str(tmp_path), GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run"], cwd=root, capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 1 and "uncommitted changes (train.py)" in r.stderr, r.stderr
+    assert "git -c user.name=you -c user.email=you@example.com commit -am" in r.stderr and "ar try" in r.stderr

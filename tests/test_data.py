@@ -1,5 +1,6 @@
 import io
 import json
+import shutil
 import sysconfig
 import socket
 import threading
@@ -14,6 +15,8 @@ import pytest
 from autoresearch.errors import DataError
 from autoresearch.harness import data, download
 from autoresearch.harness.tokenizer import Tokenizer
+
+from test_loop import no_ar_settings  # noqa: F401  (a fixture, asked for by name)
 
 VOCAB = 300
 
@@ -32,6 +35,17 @@ def write_parquet(path: Path, texts, column="text") -> bytes:
     pq.write_table(pa.table({column: texts}), buf)
     path.write_bytes(buf.getvalue())
     return buf.getvalue()
+
+
+def small_text(folder: Path, n: int = 60, start: int = 0) -> Path:
+    """n short documents of real text (a few hundred characters each): a dataset that prepares in a second."""
+    import sysconfig
+    folder.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    pieces = [p for f in sorted(stdlib.glob("*.py"))[:40] for p in data.split_long(f.read_text(errors="replace"), 600)]
+    for i, piece in enumerate(pieces[start:start + n]):
+        (folder / f"doc_{i:04d}.txt").write_text(piece)
+    return folder
 
 
 # ---- builtin ------------------------------------------------------------------------------------------------
@@ -81,6 +95,27 @@ def test_builtin_validation_comes_from_the_hidden_test_suite_by_a_secret_key(tmp
         sources = "".join(p.read_text(errors="replace") for p in test_dir.rglob("*.py"))
         assert vals[-1] and all(d[:300] in sources for d in vals[-1])        # from the test suite only
     assert vals[0] != vals[1]                                                # another key, another split
+
+
+@pytest.mark.usefixtures("no_ar_settings")
+def test_the_split_key_lives_outside_the_cache_so_a_rebuilt_cache_splits_the_same(tmp_path, monkeypatch):
+    secret = tmp_path / "state" / "secret"
+    monkeypatch.setenv("AR_SECRET_DIR", str(secret))
+    text = small_text(tmp_path / "text")
+    cache = tmp_path / "cache"
+    first = data.load_meta(data.prepare("files", cache=cache, vocab_size=300, path=text))
+    key = secret / "split.key"
+    assert key.is_file() and key.stat().st_mode & 0o077 == 0 and len(key.read_text().strip()) == 64
+    assert not (cache / ".secret").exists()                              # not in the cache any more
+    tok = data.tokenized_dir(data.dataset_dir(cache, "files"), 300)
+    assert str(secret) in data.hidden_sources(tok)                       # the sandboxes hide it
+    shutil.rmtree(cache)                                                 # rm -rf ~/.cache/autoresearch
+    again = data.load_meta(data.prepare("files", cache=cache, vocab_size=300, path=text))
+    assert again["val"] == first["val"] and again["raw_sha256"] == first["raw_sha256"]
+    # a cache that holds a key of its own (an older ar's, or the tests' empty one) keeps splitting by it
+    (tmp_path / "old" / ".secret").mkdir(parents=True)
+    (tmp_path / "old" / ".secret" / "split.key").write_text("")
+    assert data.split_key(tmp_path / "old") == b"" and data.split_key(cache) == bytes.fromhex(key.read_text())
 
 
 def test_builtin_files_exclude_site_packages():

@@ -1,6 +1,7 @@
-"""ar init: a workspace from the packaged resources, committed, refusing to overwrite; the templates themselves.
-(A run in a new workspace: test_first_hour.test_the_quick_start_in_a_new_workspace.)"""
+"""ar init: a workspace from the packaged resources, committed, refusing to overwrite; the templates themselves;
+and the README's quick start in a new workspace through the real command line (init, run, report --plot)."""
 
+import os
 import stat
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.errors import ArError
 from autoresearch.integrity import Fingerprint
+from autoresearch.knobs import set_knobs
+from autoresearch.ledger import Status, read_results
 from autoresearch.workspace import init_workspace, packaged_resources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,3 +182,43 @@ def test_cli_init_prints_the_next_commands(tmp_path):
     assert not (tmp_path / "ws" / "configs" / "gpus.yaml").exists()   # read from the package, not copied
     again = runner.invoke(app, ["init", str(tmp_path / "ws")])
     assert again.exit_code == 1 and "not empty" in str(again.exception)
+
+
+# --------------------------------------------------------------------------------- the quick start in a new workspace
+
+def ar(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=180)
+
+
+@pytest.mark.slow
+def test_the_quick_start_in_a_new_workspace(tmp_path, prepared_cache):
+    """The README's quick start through the real command line: `ar init X && cd X && ar run --max-experiments N`
+    from an empty folder, then `ar report --plot`. Small: the shared tiny dataset linked as `builtin`, a 3-s
+    budget, the baseline and one proposal (each run costs ~30 s of start-up and evaluation on 2 busy cores, so
+    the noise calibration, tested in test_loop, is left out here)."""
+    init = ar("init", "myrun", cwd=tmp_path)
+    assert init.returncode == 0, init.stdout + init.stderr
+    assert "cd myrun && ar run --max-experiments 6" in init.stdout, init.stdout
+    ws = tmp_path / "myrun"
+    assert (ws / "train.py").read_bytes() == (packaged_resources() / "train.py").read_bytes()
+    # 16x smaller steps (2 rows of 256 tokens): a 3-s budget's last step must fit ar's fixed last-step slack even
+    # on a CPU shared with other tests, where a default-size step can take longer than that slack
+    set_knobs(ws / "train.py", {"TOTAL_BATCH_SIZE": 2**15})
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "small steps"], cwd=ws,
+                   check=True)
+    r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--max-experiments", "2", "--time-budget", "3",
+                        "--calibrate-noise", "0"], cwd=ws, capture_output=True, text=True, timeout=540,
+                       env={k: v for k, v in os.environ.items() if k != "AR_PROFILE"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert "stopped: reached --max-experiments 2" in out and "best: " in out, out
+    [results] = ws.glob("runs/*/results.tsv")
+    rows = read_results(results)
+    assert [r.description.split(":")[0] for r in rows] == ["baseline", "strategy"], rows   # a proposal committed
+    assert rows[0].status is Status.KEEP and rows[0].val_bpb is not None
+    plot = ar("report", "--plot", "progress.png", cwd=ws)
+    assert plot.returncode == 0, plot.stdout + plot.stderr
+    assert "best:" in plot.stdout and (ws / "progress.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ws, capture_output=True, text=True, check=True)
+    assert status.stdout == ""          # clean: train.py is the best's, and the plot is ignored (doctor would warn)

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import signal
@@ -134,3 +135,38 @@ def test_concurrent_starts_exactly_one_runs(tmp_path):
     assert sum(o == "got" for o in outs) == 1, outs
     winner = procs[[o == "got" for o in outs].index(True)].pid
     assert all(f"pid {winner} " in o for o in outs if o != "got"), outs
+
+
+# ------------------------------------------------------------------------------- another `ar` holding the repo's lock
+
+def ar(*args, cwd, timeout=180):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@contextlib.contextmanager
+def holding_the_lock(root):
+    """Another process holds the repo's lock (as a running `ar run` would) while the block runs."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time; from pathlib import Path; from autoresearch.lock import RepoLock\n"
+        "l = RepoLock(Path('runs/.ar.lock'), tag='night', command='ar run'); l.acquire(); print('held', flush=True)\n"
+        "time.sleep(60)")], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_refused_run_or_sweep_says_nothing_before_the_lock_error(tmp_path, prepared_cache):
+    from test_loop import make_repo
+
+    root = make_repo(tmp_path)
+    (root / "s.yaml").write_text("name: lr\nprofile: cpu\naxes: {LR_MULT: [1.0, 2.0]}\n")
+    with holding_the_lock(root):
+        for args in (("run", "--tag", "other"), ("sweep", "s.yaml"), ("try",)):
+            r = ar(*args, cwd=root)
+            assert r.returncode == 3 and r.stdout == "", (args, r.stdout)
+            assert r.stderr.startswith("error: ar is already running here") and r.stderr.count("\n") == 1, r.stderr
+    assert not (root / "runs" / "other").exists()

@@ -1,4 +1,6 @@
-"""The loop end to end: real git repos in temp dirs, real subprocesses, the scripted train stand-in."""
+"""The loop end to end: real git repos in temp dirs, real subprocesses, the scripted train stand-in. Among them:
+a last step begun inside the budget, a fast win confirmed first, a crashed baseline fixed on its tag, and a
+user's own commit on the tag's branch (run as a proposal, never reset over)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from autoresearch.config import RunConfig
 from autoresearch.errors import GitError
 from autoresearch.events import fold, read as read_events
 from autoresearch.gitops import GitRepo
-from autoresearch.knobs import read_knobs, rewrite
+from autoresearch.knobs import read_knobs, rewrite, set_knobs
 from autoresearch.ledger import Ledger, Row, Status, read_results
 from autoresearch.session import Loop
 from autoresearch.proposers.agent import AgentProposer
@@ -32,6 +34,14 @@ EVAL_TOKENS = 2048       # a few rows of the tiny dataset's validation split: a 
 
 @pytest.fixture(autouse=True)
 def _isolated(prepared_cache, monkeypatch):
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def no_ar_settings(monkeypatch):
+    """What `_isolated` removes (the caller's AR_PROFILE, AR_TIME_BUDGET, ...), without a prepared cache: for a
+    test in another file that asks for it by name (@pytest.mark.usefixtures)."""
     for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
         monkeypatch.delenv(var, raising=False)
 
@@ -295,6 +305,14 @@ def test_a_run_that_trained_under_half_its_budget_is_never_kept_on_its_val_bpb(t
     assert rows[3].val_bpb == pytest.approx(rows[1].val_bpb) == pytest.approx(rows[2].val_bpb)
 
 
+def test_a_last_step_that_started_inside_the_budget_may_finish(tmp_path, prepared_cache):
+    # one 3.5-s step on a 1-s budget (a busy CPU): the old rule (budget x 1.1 + 2 s on the printed time) said crash
+    root = make_repo(tmp_path, STEP_SECONDS=3.5)
+    s = Loop(cfg(time_budget=1.0, noise=0.002), root, "t", None).run()
+    row = read_results(s.results)[-1]
+    assert row.status is Status.KEEP, row.reason
+
+
 def test_a_checkpoint_that_links_outside_is_refused_and_ar_reads_nothing_through_it(tmp_path):
     """Workspace attack: the run cannot read a file outside its sandbox, but it can leave a link to one where ar
     (unsandboxed, root or the user) reads the checkpoint after it: model.json, which ar copies beside the record.
@@ -329,6 +347,22 @@ def test_rerun_and_confirmation(tmp_path):
     assert (root / "runs" / "t" / f"0002-{rows[1].commit}" / "train-confirm.log").exists()
     assert rows[2].commit == rows[0].commit and rows[2].seed == 7 and rows[2].val_bpb is not None
     assert Ledger(root / "runs" / "t").best_kept().commit == best.commit
+
+
+def test_a_win_at_a_very_different_throughput_with_the_same_model_is_confirmed_first(tmp_path, prepared_cache):
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+
+    root = make_repo(tmp_path)
+    with Loop(cfg(noise=0.002), root, "t", None) as lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "TOKENS_PER_S": 300000})   # better, and 3x the speed
+        lp.enqueue_knobs({"LR_MULT": 1.5})                                      # worse: no confirmation
+        lp.run()
+    base, fast, lr = read_results(root / "runs" / "t" / "results.tsv")
+    assert fast.status is Status.KEEP, fast.reason
+    assert "ran at 3.0x its tokens/s, so confirmed by a re-run with seed 43" in fast.reason, fast.reason
+    assert (root / "runs" / "t" / f"0002-{fast.commit}" / "train-confirm.log").is_file()
+    assert lr.status is Status.DISCARD and not list((root / "runs" / "t").glob("0003-*/train-confirm.log"))
 
 
 def test_calibrate_noise(tmp_path):
@@ -545,3 +579,73 @@ def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
     assert again.returncode == 0, err
     assert [r.status.value for r in assert_consistent(root)][:len(statuses)] == statuses
 
+
+# ------------------------------------------------------- the baseline, and the user's own commits on the tag's branch
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_a_crashed_baseline_can_be_fixed_on_the_same_tag(tmp_path, prepared_cache):
+    root = make_repo(tmp_path, FAIL_MODE="crash")
+    s = Loop(cfg(noise=0.002), root, "t", None).run()
+    assert s.failed and read_results(s.results)[-1].status is Status.CRASH
+    set_knobs(root / "train.py", {"FAIL_MODE": "none"})                  # the user's fix, on the branch
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "fix the crash"],
+                   cwd=root, check=True)
+    fix = GitRepo(root).head_sha()
+    said = []
+    s = Loop(cfg(noise=0.002), root, "t", None, on_event=lambda e: said.append(e.message)).run()
+    rows = read_results(s.results)
+    assert rows[-1].status is Status.KEEP and rows[-1].commit == fix[:7], rows[-1]
+    assert GitRepo(root).head_sha() == fix                                # not reset to the broken start
+    assert any("starting from your current HEAD" in m for m in said), said
+
+
+def test_a_users_commit_on_the_branch_runs_as_a_proposal_and_is_never_reset_over(tmp_path, prepared_cache):
+    from autoresearch.gitops import GitRepo
+    from autoresearch.knobs import set_knobs
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()                         # the baseline, kept
+    set_knobs(root / "train.py", {"TOTAL_BATCH_SIZE": 2**18})             # the user's hand edit, committed
+    git(root, "commit", "-qam", "my batch size")
+    mine = GitRepo(root).head_sha()
+    said = []
+    s = Loop(cfg(noise=0.002), root, "t", None, on_event=lambda e: said.append(e.message)).run()
+    rows = read_results(s.results)
+    assert len(rows) == 2 and rows[-1].commit == mine[:7], rows
+    assert rows[-1].description == "your commit %s: my batch size" % mine[:7] and rows[-1].val_bpb is not None
+    assert rows[-1].status is Status.KEEP and rows[-1].parent == rows[0].commit   # 2**18 is nearer the bowl's floor
+    assert GitRepo(root).head_sha() == mine                                # kept: the branch holds it
+    assert any("your commit" in m and "runs as experiment 0002" in m for m in said), said
+    assert not any("restored to the best kept commit" in m for m in said), said
+
+
+def test_a_users_commit_that_loses_stays_reachable_and_one_outside_scope_is_refused(tmp_path, prepared_cache):
+    from autoresearch.errors import GitError
+    from autoresearch.gitops import GitRepo
+    from autoresearch.knobs import set_knobs
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+
+    root = make_repo(tmp_path)
+    Loop(cfg(noise=0.002), root, "t", None).run()
+    best = GitRepo(root).head_sha()
+    set_knobs(root / "train.py", {"LR_MULT": 3.0})                        # worse
+    git(root, "commit", "-qam", "a big learning rate")
+    mine = GitRepo(root).head_sha()
+    s = Loop(cfg(noise=0.002), root, "t", None).run()
+    row = read_results(s.results)[-1]
+    assert row.commit == mine[:7] and row.status is Status.DISCARD
+    assert GitRepo(root).head_sha() == best
+    assert git(root, "rev-parse", "refs/ar/t/0002") == mine               # measured, recorded, still reachable
+    (root / "program.md").write_text("# my own program\n")
+    git(root, "commit", "-qam", "my program")
+    theirs = GitRepo(root).head_sha()
+    with pytest.raises(GitError, match=r"changes program.md.*git branch my-work"):
+        Loop(cfg(noise=0.002), root, "t", None).run()
+    assert GitRepo(root).head_sha() == theirs                             # refused, not reset over

@@ -1,13 +1,16 @@
-"""Research memory: repeat refusal, near misses, dead ends, plateau strategy switches, `ar journal`.
+"""Research memory: repeat refusal, near misses, dead ends, plateau strategy switches, `ar journal`; a win that
+built the same model as the best (same_build) is not kept.
 
-The end-to-end test runs the real loop (real git repo, real subprocesses, the scripted train stand-in, the
-trusted evaluator) with a scripted agent; the rest are unit tests of the fingerprints and the journal."""
+The end-to-end tests run the real loop (real git repo, real subprocesses, the scripted train stand-in, the
+trusted evaluator) with a scripted agent or a queued knob change; the rest are unit tests of the fingerprints,
+same_build and the journal."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -136,6 +139,50 @@ def test_same_change_from_a_new_best_is_a_repeat_for_an_agent_not_for_a_search(t
     assert "changes only whitespace or comments" in find_repeat(g, ledger.tag_dir, best, "train.py", rows)
     (root / "train.py").write_text(lr(tbs(text), "2.0"))                      # new: not refused
     assert find_repeat(g, ledger.tag_dir, best, "train.py", rows) is None
+
+
+# ----------------------------------------------------------------------------------------------------- the same build
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_same_build_compares_the_checkpoints_config_and_the_knobs_it_does_not_explain(tmp_path):
+    from autoresearch.repeats import same_build
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "model.json").write_text(json.dumps({"format": 1, "factory": "f", "config": {"depth": 1, "width": 64}}))
+    why = same_build(a, {"DEPTH": 7, "LR_MULT": 1.0}, b, {"DEPTH": 6, "LR_MULT": 1.0})
+    assert why and "same model" in why and "depth 1" in why and "DEPTH" in why
+    assert same_build(a, {"DEPTH": 7, "LR_MULT": 1.0}, b, {"DEPTH": 7, "LR_MULT": 2.0}) is None  # trains otherwise
+    (b / "model.json").write_text(json.dumps({"format": 1, "factory": "f", "config": {"depth": 2, "width": 128}}))
+    assert same_build(a, {"DEPTH": 7}, b, {"DEPTH": 8}) is None
+    assert same_build(a, {"DEPTH": 7}, tmp_path / "nowhere", {"DEPTH": 6}) is None
+
+
+def test_a_win_that_built_the_same_model_as_the_best_is_not_kept(tmp_path, prepared_cache):
+    from autoresearch.ledger import read_results
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path, DEPTH=7)
+    text = (root / "train.py").read_text()
+    for old, new in (("return b + 0.01 * (DEPTH - 8) ** 2", "return b + 0.05 * DEPTH"),   # a lower DEPTH "wins"
+                     ('config = {"vocab": vocab,', 'config = {"depth": max(1, DEPTH - 6), "vocab": vocab,')):
+        assert old in text
+        text = text.replace(old, new)
+    (root / "train.py").write_text(text)
+    git(root, "commit", "-qam", "a stand-in whose DEPTH 7 and 6 build one model")
+    with Loop(cfg(noise=0.002), root, "t", None) as lp:
+        lp.enqueue_knobs({"DEPTH": 6})
+        lp.run()
+    base, six = read_results(root / "runs" / "t" / "results.tsv")
+    assert six.val_bpb < base.val_bpb - 0.05                                   # a "win" by the numbers
+    assert six.status is Status.DISCARD and "builds the same model as the best" in six.reason, six.reason
+    assert (root / "runs" / "t" / f"0002-{six.commit}" / "model.json").is_file()   # what was built, recorded
 
 
 # ------------------------------------------------------------------------------------------- journal

@@ -71,6 +71,24 @@ def test_rejected_points_do_not_count_as_tried():
     assert StrategyProposer().propose(ctx(knobs=knobs, rows=rows)).knobs == {"DEPTH": 7}
 
 
+def test_the_strategy_proposer_does_not_shrink_a_size_the_profile_built_at_one():
+    from autoresearch.harness.env import PROFILES
+    from autoresearch.proposers import Context
+    from autoresearch.proposers.search import StrategyProposer
+
+    knobs = {"DEPTH": 7, "LR_MULT": 1.0, "TOTAL_BATCH_SIZE": 2**19}
+
+    def ctx(built):
+        return Context(root=Path("/tmp"), train_file="train.py", knobs=knobs, best=None, rows=[], exp_id=1,
+                       exp_dir=Path("/tmp/exp"), tag="t", profile=PROFILES["cpu"], time_budget=20.0,
+                       eval_tokens=2**15, noise=0.002, built=built)
+
+    moves = StrategyProposer().candidates(ctx({"depth": 1, "width": 64}))   # CPU: DEPTH 7 builds depth 1
+    assert ("DEPTH", 6) not in moves and ("DEPTH", 8) in moves
+    assert ("DEPTH", 6) in StrategyProposer().candidates(ctx({"depth": 2}))
+    assert ("DEPTH", 6) in StrategyProposer().candidates(ctx(None))         # nothing known of the build
+
+
 # ----------------------------------------------------------------------------------------- grid, random
 
 def test_grid_in_order_skipping_done_then_exhausted():

@@ -1,5 +1,7 @@
 """ar report: upstream's five-column results.tsv, our own rows, the per-knob summary, the plot, JSON, and the
-one-line answers for missing, empty and corrupt results."""
+one-line answers for missing, empty and corrupt results; one best (the best kept result) in report, status and
+journal, `ar status`'s noise and budgets, small token counts, `--all`'s numbering and order, the noise threshold
+on the plot."""
 
 from __future__ import annotations
 
@@ -13,10 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from autoresearch import memory
+from autoresearch.cli import app
+from autoresearch.session import Loop
 from autoresearch.views import plots
 from autoresearch.views import report as rep
 from autoresearch.ledger import COLUMNS, Ledger, Row, Status
+
+from test_loop import cfg, make_repo, no_ar_settings  # noqa: F401  (no_ar_settings: a fixture, asked for by name)
 
 UPSTREAM = Path(__file__).parent / "data" / "upstream_results.tsv"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -352,6 +360,16 @@ def test_a_corrupt_results_line_is_named_and_the_rest_reported(upstream_repo, mo
     assert "c3d4e5f" not in out and lines[1].split("\t")[0] in out
 
 
+def test_report_names_a_garbage_line_and_goes_on(tmp_path, prepared_cache):
+    root = make_repo(tmp_path)
+    s = Loop(cfg(noise=0.002), root, "t", None).run()
+    with open(s.results, "a") as f:
+        f.write("this is not a results row\n")
+    r = CliRunner().invoke(app, ["report", "--repo", str(root), "--tag", "t"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "line 3" in r.output and "baseline" in r.output, r.output
+
+
 def test_default_tag_is_the_newest_and_all_reads_every_tag(upstream_repo, monkeypatch, capsys):
     led = Ledger(upstream_repo / "runs" / "newer")
     for r in sweep_rows()[:2]:
@@ -383,3 +401,120 @@ def test_the_report_lists_windows_shorter_than_the_budget_and_why():
                    "cut by 7.0s")]
     table = {s.title: s for s in sections(build(rows, ["t"]))}["training windows shorter than the budget"]
     assert [r[0] for r in table.rows] == ["2"] and "window was cut by 7.0s" in table.rows[0][2]
+
+
+# -------------------------------------------------------------------------- one best, the numbers of status and --all
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+# `python -m autoresearch ARGS` in a subprocess
+def run_ar(*args, cwd, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def quick_start_rows() -> list[Row]:
+    """The quick start's ledger: a kept baseline, its calibration re-runs, then a discard that scored lower than
+    the best but inside the noise."""
+    def row(i, commit, val, status, desc, reason=""):
+        return Row(commit=commit, val_bpb=val, memory_gb=None, status=status, description=desc, exp_id=i, tag="dec1",
+                   time_budget=20.0, seed=42, num_steps=9, total_tokens_M=0.036864, reason=reason)
+    return [row(1, "75a7ff5", 2.727349, Status.KEEP, "baseline"),
+            row(2, "75a7ff5", 2.911, Status.VALIDATION, "noise calibration: baseline again"),
+            row(3, "75a7ff5", 2.774, Status.VALIDATION, "noise calibration: baseline again"),
+            row(4, "f509726", 2.699725, Status.DISCARD, "strategy: LR_MULT 1.0 -> 0.666667",
+                "val_bpb 2.699725 is better than the best 2.727349 by 0.027624, within the noise threshold 0.198")]
+
+
+def test_the_best_of_a_run_is_its_best_kept_result_in_report_status_and_journal(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "train.py").write_text("X = 1\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "start")
+    ledger = Ledger(root / "runs" / "dec1")
+    for r in quick_start_rows():
+        ledger.append(r)
+    data = rep.build(ledger.rows(), ["dec1"])
+    assert data["best"]["commit"] == "75a7ff5" and data["best"]["val_bpb"] == 2.727349
+    assert data["best"]["command"].startswith("git checkout 75a7ff5 ")
+    assert data["top"][0]["commit"] == "f509726" and data["top"][0]["status"] == "discard"  # ranked, not the best
+    out = run_ar("report", "--repo", root, "--json", cwd=root)
+    assert json.loads(out.stdout)["best"]["commit"] == "75a7ff5", out.stdout + out.stderr
+    table = run_ar("report", "--repo", root, cwd=root).stdout
+    assert "best: 75a7ff5  val_bpb 2.727349" in table and "git checkout 75a7ff5" in table, table
+    status = json.loads(run_ar("status", "--repo", root, "--json", cwd=root).stdout)
+    assert status["best"]["commit"] == "75a7ff5"
+    j = memory.build(ledger.rows(), tag="dec1", source="t", noise=0.198, noise_source="t")
+    assert j.best.commit == "75a7ff5"
+
+
+def test_small_token_counts_survive_results_tsv(tmp_path):
+    ledger = Ledger(tmp_path / "t")
+    ledger.append(quick_start_rows()[3])                     # 9 steps of 4,096 tokens
+    (row,) = ledger.rows()
+    assert row.total_tokens_M == pytest.approx(0.036864)
+    assert rep._tokens(rep.experiment(row, 1)) == "36.9K"
+
+
+def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, prepared_cache):
+    from autoresearch.session import Loop
+    from autoresearch.views.status import read_status
+    from test_loop import cfg, make_repo
+
+    root = make_repo(tmp_path, SEED_NOISE=0.01)
+    Loop(cfg(), root, "t", None, calibrate_noise=2).run(max_experiments=2)
+    calibrated = json.loads((root / "runs" / "t" / "noise.json").read_text())["noise"]
+    assert calibrated != 0.002
+    st = read_status(root)["status"]
+    assert st["noise"] == pytest.approx(calibrated), st
+    with Loop(cfg(), root, "s", None, baseline=False, command="ar sweep s.yaml") as lp:
+        lp.enqueue_knobs({"LR_MULT": 2.0}, time_budget=0.3, description="sweep s: LR_MULT=2.0")
+        lp.run()
+    got = read_status(root)
+    assert got["tag"] == "s" and got["status"]["budget"] is None and got["budgets"] == [0.3], got
+
+
+@pytest.mark.usefixtures("no_ar_settings")
+def test_report_all_shows_exp_ids_and_tags_oldest_first(tmp_path):
+    from autoresearch.ledger import Ledger, Row
+
+    def rows(tag, n):
+        return [Row(commit=f"{tag}{i:06d}", val_bpb=3.0 - i / 10, memory_gb=None, status=Status.KEEP,
+                    description=f"{tag} {i}", exp_id=i, tag=tag, time_budget=20.0, training_seconds=20.1,
+                    total_seconds=31.0, tokens_per_s=4000.0, num_steps=9) for i in range(1, n + 1)]
+    for tag, n, created in (("b", 2, "2026-11-30T10:00:00+00:00"), ("a", 3, "2026-12-01T10:00:00+00:00")):
+        d = tmp_path / "runs" / tag
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"tag": tag, "created_at": created}))
+        for r in rows(tag, n):
+            Ledger(d).append(r)
+    os.utime(tmp_path / "runs" / "a" / "results.tsv", (1e9, 1e9))             # a's file older: b resumed later
+    data = json.loads(run_ar("report", "--repo", tmp_path, "--all", "--json", cwd=tmp_path).stdout)
+    assert data["tags"] == ["b", "a"], data["tags"]
+    assert [(e["tag"], e["exp_id"]) for e in data["experiments"]] == [("b", 1), ("b", 2), ("a", 1), ("a", 2),
+                                                                       ("a", 3)]
+    table = run_ar("report", "--repo", tmp_path, "--all", cwd=tmp_path).stdout.splitlines()
+    header = next(ln for ln in table if ln.startswith("#\t"))
+    assert header.split("\t")[:3] == ["#", "tag", "commit"], header
+    assert any(ln.startswith("3\ta\ta000003") for ln in table), table            # a's experiment 3, not #5
+    # the friction list: the training time in the table (CPU runs have no MFU: no peak FLOPs), times in `best`
+    assert "trained" in header.split("\t") and any("\t20.1s\t" in ln for ln in table), header
+    assert data["best"]["training_seconds"] == 20.1 and data["best"]["total_seconds"] == 31.0, data["best"]
+    assert data["best"]["exp_id"] == 3 and data["best"]["num_steps"] == 9
+
+
+def test_the_progress_plot_shows_the_noise_threshold():
+    import matplotlib.pyplot as plt
+    from autoresearch.views import plots
+
+    fig = plots.progress_figure(quick_start_rows(), noise=0.198)
+    try:
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert "noise threshold (0.198): a win clears it" in labels, labels
+    finally:
+        plt.close(fig)

@@ -1,5 +1,6 @@
 """ar sweep: parsing and validation, expansion and order, resume keys, early stopping, halving, seeds;
-then end to end through the real Loop on temp git repos with a scripted train stand-in."""
+then end to end through the real Loop on temp git repos with a scripted train stand-in, and a sweep refused
+before it makes anything (beside a running loop, on a dirty tree)."""
 
 from __future__ import annotations
 
@@ -293,6 +294,8 @@ from pathlib import Path  # noqa: E402
 import git  # noqa: E402
 import yaml  # noqa: E402
 
+from test_lock import holding_the_lock  # noqa: E402
+from test_loop import make_repo, no_ar_settings  # noqa: E402,F401  (no_ar_settings: a fixture, asked for by name)
 from test_report import ar  # noqa: E402  (the in-process `ar` runner)
 
 FAKE_TRAIN = Path(__file__).parent / "fixtures" / "fake_train.py"
@@ -576,3 +579,51 @@ def test_a_moved_base_is_refused_and_a_missing_base_comes_from_the_branch(repo, 
         sf.plan(f, repo, cfg)
     nobase = write_sweep(tmp_path / "sweep-b.yaml", axes={"LR_MULT": [1.0]}, fixed={"TIME_BUDGET": 0.3})
     assert sf.plan(nobase, repo, cfg).base == p.base      # the branch's start, not today's HEAD
+
+
+# ------------------------------------------------------------------------------------ refused before anything is made
+
+# `python -m autoresearch ARGS` in a subprocess
+def run_ar(*args, cwd, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def git_cmd(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_sweep_beside_a_running_loop_writes_nothing_before_it_has_the_lock(tmp_path, prepared_cache):
+    root = make_repo(tmp_path)
+    (root / "sweep.yaml").write_text(yaml.safe_dump({"name": "lr", "axes": {"LR_MULT": [1.0, 2.0]},
+                                                      "profile": "cpu"}))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "x", "--allow-empty"],
+                   cwd=root, check=True)
+    subprocess.run(["git", "add", "sweep.yaml"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "sweep"], cwd=root,
+                   check=True)
+    with holding_the_lock(root):
+        refs_before = subprocess.run(["git", "for-each-ref"], cwd=root, capture_output=True, text=True).stdout
+        r = run_ar("sweep", "sweep.yaml", cwd=root)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "already running" in r.stdout + r.stderr and "Traceback" not in r.stderr
+        refs_after = subprocess.run(["git", "for-each-ref"], cwd=root, capture_output=True, text=True).stdout
+        assert refs_after == refs_before                     # no branch was made under the running loop
+
+
+@pytest.mark.usefixtures("no_ar_settings")
+def test_a_sweep_on_a_dirty_tree_is_refused_before_its_plan_naming_ar_sweep(tmp_path, prepared_cache):
+    from test_loop import make_repo
+
+    root = make_repo(tmp_path)
+    (root / "s.yaml").write_text("name: lr\nprofile: cpu\naxes: {LR_MULT: [1.0, 2.0]}\n")
+    git_cmd(root, "add", "s.yaml")
+    git_cmd(root, "commit", "-qm", "a sweep file")
+    (root / "train.py").write_text((root / "train.py").read_text() + "\n# my edit\n")
+    r = run_ar("sweep", "s.yaml", cwd=root)
+    assert r.returncode == 1 and r.stdout == "", r.stdout                     # no plan first
+    assert r.stderr.count("\n") == 1 and "uncommitted changes (train.py)" in r.stderr, r.stderr
+    assert "`ar sweep`" in r.stderr and "ar run" not in r.stderr, r.stderr
+    assert not (root / "runs" / "sweep-lr").exists()
+    assert run_ar("sweep", "s.yaml", "--dry-run", cwd=root).returncode == 0       # a plan only: the tree may be dirty
