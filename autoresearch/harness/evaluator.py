@@ -299,117 +299,168 @@ def _batches(tok_dir: Path, rows: int, seq_len: int, n_tokens: int, skip_tokens:
     return out
 
 
-def evaluate(req: dict, zygote: Zygote, release: Release, cache: dict | None = None) -> dict:
-    """Score the checkpoint named by `req`; returns the record (the runner's) and the hold-out (private).
-    The workers start at `release.prestart()`, the model loads after `release.go()` (the checkpoint is complete)."""
-    import numpy as np
-    import torch
+class Evaluation:
+    """One evaluation of one checkpoint; its phases are methods, in order: `check_data` (the session's data is
+    the data it started with; the rows, from the server's cache), `open` (the workers start at
+    `release.prestart()`, buffers mapped, no proposal loaded), `go` (after `release.go()`: the checkpoint is
+    complete and the run's processes are gone; the model loads), `score` (the main and hold-out slices, the
+    causality check on a secret batch), `check_fresh` (a fresh worker scores a secret sample again once the main
+    one and everything it left are gone), then `close` (nothing a worker started outlives it). `run` strings
+    them together and returns the record (the runner's) and the hold-out (private)."""
 
-    t0 = time.monotonic()
-    tok_dir, job = Path(req["tok_dir"]), Path(req["job_dir"])
-    B, T = int(req["rows"]), int(req["seq_len"])
-    record = {"val_bpb": None, "eval_tokens": int(req["eval_tokens"]), "eval_bytes": None, "dataset": req["dataset"],
-              "seq_len": T, "rejected": None, "causal_max_diff": None, "purity_max_diff": None,
-              "fresh_max_diff": None}
-    cache = {} if cache is None else cache
-    started: list[_Worker] = []                  # every child of the zygote this evaluation has running
-    try:
+    def __init__(self, req: dict, zygote: Zygote, release: Release, cache: dict | None = None):
+        import torch
+        self.req, self.zygote, self.release = req, zygote, release
+        self.t0 = time.monotonic()
+        self.tok_dir, self.job = Path(req["tok_dir"]), Path(req["job_dir"])
+        self.B, self.T = int(req["rows"]), int(req["seq_len"])
+        self.record = {"val_bpb": None, "eval_tokens": int(req["eval_tokens"]), "eval_bytes": None,
+                       "dataset": req["dataset"], "seq_len": self.T, "rejected": None, "causal_max_diff": None,
+                       "purity_max_diff": None, "fresh_max_diff": None}
+        self.private = {"holdout_bpb": None, "holdout_tokens": 0}
+        self.cache = {} if cache is None else cache
+        self.started: list[_Worker] = []         # every child of the zygote this evaluation has running
+        self.device = torch.device(req["device"])
+        self.phases: dict[str, float] = {}
+        self.worker = self.fresh = self.fresh_lane = None
+        self.sample: dict = {}
+
+    def run(self) -> dict:
+        try:
+            self.check_data()
+            self.open()
+            self.go()
+            self.score()
+            if self.fresh_lane is not None:
+                self.check_fresh()
+            self.record["seconds"] = {"total": round(time.monotonic() - self.t0, 3),
+                                      "after_go": round(time.monotonic() - self.t_go, 3), **self.phases}
+        except Rejected as e:
+            self.record.update(val_bpb=None, rejected=str(e))
+            self.private = {"holdout_bpb": None, "holdout_tokens": 0}
+        finally:
+            self.close()
+        return {"record": self.record, "private": self.private}
+
+    def check_data(self) -> None:
+        import numpy as np
+        import torch
+        req, tok_dir, B, T = self.req, self.tok_dir, self.B, self.T
         for name, digest in req["manifest"].items():
             if sha256_file(tok_dir / name) != digest:
                 raise Rejected(f"the data changed during the session ({name} no longer has the hash taken at "
                                "its start); restore it (`ar prepare`) and start again")
-        token_bytes = torch.from_numpy(np.load(tok_dir / "token_bytes.npy").astype(np.int64))
-        V = int(token_bytes.numel())
+        self.token_bytes = torch.from_numpy(np.load(tok_dir / "token_bytes.npy").astype(np.int64))
+        self.V = int(self.token_bytes.numel())
         meta = json.loads((tok_dir / "meta.json").read_text())
         holdout = int(req.get("holdout_tokens") or 0)
-        if holdout and record["eval_tokens"] + holdout + 2 * B * T > meta["val"]["tokens"]:
+        if holdout and self.record["eval_tokens"] + holdout + 2 * B * T > meta["val"]["tokens"]:
             holdout = 0                          # too small a split: no hold-out rather than a re-used one
-        key = (str(tok_dir), B, T, record["eval_tokens"], holdout, json.dumps(req["manifest"], sort_keys=True))
-        if key not in cache:                     # a server keeps the rows of the session's data in memory
-            cache.clear()
-            cache[key] = (_batches(tok_dir, B, T, record["eval_tokens"]),
-                          _batches(tok_dir, B, T, holdout, skip_tokens=record["eval_tokens"]) if holdout else [])
-        batches, held = cache[key]
-        device = torch.device(req["device"])
-        release.prestart()                       # near the end of training, or at "go"
-        t_pre = time.monotonic()
-        deadline = t_pre + float(req["timeout"])
-        lanes = [(job, B, req["policy"])]        # (folder, rows, policy) of the main model worker
-        fresh_lane = None                        # the fresh one's: it loads the proposal once the main one is gone
-        if req.get("fresh_job_dir"):
+        key = (str(tok_dir), B, T, self.record["eval_tokens"], holdout, json.dumps(req["manifest"], sort_keys=True))
+        if key not in self.cache:                # a server keeps the rows of the session's data in memory
+            self.cache.clear()
+            self.cache[key] = (_batches(tok_dir, B, T, self.record["eval_tokens"]),
+                               _batches(tok_dir, B, T, holdout, skip_tokens=self.record["eval_tokens"])
+                               if holdout else [])
+        self.batches, self.held = self.cache[key]
+        self.holdout = holdout
+
+    def open(self) -> None:
+        req = self.req
+        self.release.prestart()                  # near the end of training, or at "go"
+        self.t_pre = time.monotonic()
+        deadline = self.t_pre + float(req["timeout"])
+        self.lanes = [(self.job, self.B, req["policy"])]   # (folder, rows, policy) of the main model worker
+        if req.get("fresh_job_dir"):             # the fresh one's: it loads the proposal once the main one is gone
             fresh_dir = Path(req["fresh_job_dir"])
             fresh_dir.mkdir(exist_ok=True)
             from .sandbox import give_to_sandbox
             give_to_sandbox(fresh_dir)
-            fresh_lane = (fresh_dir, min(B, int(req.get("fresh_rows") or B)), req["fresh_policy"])
-        transfers = ["ipc", "host"] if device.type == "cuda" else ["host"]
-        worker, fresh = _open(req, zygote, deadline, lanes, fresh_lane, V, transfers, started, record)
-        release.go()                             # the checkpoint is complete; the run's processes are gone
-        t_go = release.at["go"]
-        phases = {"prestarted": round(max(0.0, t_go - t_pre), 3)}
-        deadline = t_go + float(req["timeout"])
-        for w in started:
-            w.deadline = deadline
-        worker.send("go")
+            self.fresh_lane = (fresh_dir, min(self.B, int(req.get("fresh_rows") or self.B)), req["fresh_policy"])
+        transfers = ["ipc", "host"] if self.device.type == "cuda" else ["host"]
+        self.worker, self.fresh = _open(req, self.zygote, deadline, self.lanes, self.fresh_lane, self.V, transfers,
+                                        self.started, self.record)
+
+    def go(self) -> None:
+        self.release.go()                        # the checkpoint is complete; the run's processes are gone
+        self.t_go = self.release.at["go"]
+        self.phases["prestarted"] = round(max(0.0, self.t_go - self.t_pre), 3)
+        self.deadline = self.t_go + float(self.req["timeout"])
+        for w in self.started:
+            w.deadline = self.deadline
+        self.worker.send("go")
         try:
-            worker.expect("ready")
+            self.worker.expect("ready")
         except Rejected as e:
-            if record["transfer"] != "ipc":
+            if self.record["transfer"] != "ipc":
                 raise
             # the model could not load in the shared-namespace worker (something the GPU stack needs was refused):
             # the host path, in workers of their own namespaces, where a broken model fails the same way
-            _fall_back(zygote, started, record, e)
-            worker, fresh = _open(req, zygote, deadline, lanes, fresh_lane, V, ["host"], started, record)
-            worker.send("go")
-            worker.expect("ready")
-        phases["ready"] = round(time.monotonic() - t_go, 3)
-        token_bytes = token_bytes.to(device)
-        secret = secrets.SystemRandom()
-        check_at = secret.randrange(len(batches))
-        sample = _fresh_sample(secret, len(batches) + len(held), B, fresh_lane[1]) if fresh_lane else {}
-        nats, nbytes = _score(worker, batches, token_bytes, record["eval_tokens"], device,
-                              check=(check_at, secret, req, record), keep=sample)
+            _fall_back(self.zygote, self.started, self.record, e)
+            self.worker, self.fresh = _open(self.req, self.zygote, self.deadline, self.lanes, self.fresh_lane,
+                                            self.V, ["host"], self.started, self.record)
+            self.worker.send("go")
+            self.worker.expect("ready")
+        self.phases["ready"] = round(time.monotonic() - self.t_go, 3)
+
+    def score(self) -> None:
+        record, batches, held = self.record, self.batches, self.held
+        self.token_bytes = self.token_bytes.to(self.device)
+        self.secret = secrets.SystemRandom()
+        check_at = self.secret.randrange(len(batches))
+        if self.fresh_lane:
+            self.sample = _fresh_sample(self.secret, len(batches) + len(held), self.B, self.fresh_lane[1])
+        nats, nbytes = _score(self.worker, batches, self.token_bytes, record["eval_tokens"], self.device,
+                              check=(check_at, self.secret, self.req, record), keep=self.sample)
         if nbytes == 0:
             raise Rejected(f"the {record['eval_tokens']} evaluated targets stand for no bytes")
         bpb = nats / (math.log(2) * nbytes)
         if not math.isfinite(bpb):
             raise Rejected("val_bpb is not finite")
         record.update(val_bpb=bpb, eval_bytes=nbytes)
-        phases["main"] = round(time.monotonic() - t_go, 3)
-        private = {"holdout_bpb": None, "holdout_tokens": 0}
+        self.phases["main"] = round(time.monotonic() - self.t_go, 3)
         if held:
-            hn, hb = _score(worker, held, token_bytes, holdout, device, keep=sample, first=len(batches))
-            private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": holdout}
-            phases["holdout"] = round(time.monotonic() - t_go, 3)
-        if fresh_lane is not None:   # the main worker, its owner, every process it left and every file it made
-            spare = [p for p in (fresh, fresh and fresh.owner) if p is not None]   # in its folder are gone before
-            mine = [p for p in started if p not in spare]          # the fresh one loads anything of the proposal:
-            _retire(zygote, mine, spare=spare)                     # nothing of it is left to connect to, stat or
-            started[:] = spare                                     # read (eval.log stays, for the runner)
-            _clear_folder(job, keep=("eval.log",))
-            t_fresh = time.monotonic()
-            if fresh is None:
-                fresh = _start(req, zygote, deadline, [fresh_lane], V, record["transfer"], started)[0]
-                fresh.expect("mapped")
-            fresh.send("go")
-            _check_fresh(fresh, batches + held, sample, secret, device, req, record)
-            record["fresh_seconds"] = round(time.monotonic() - t_fresh, 3)
-            phases["fresh"] = round(time.monotonic() - t_go, 3)
-        record["seconds"] = {"total": round(time.monotonic() - t0, 3), "after_go": round(time.monotonic() - t_go, 3),
-                             **phases}
-    except Rejected as e:
-        record.update(val_bpb=None, rejected=str(e))
-        private = {"holdout_bpb": None, "holdout_tokens": 0}
-    finally:
+            hn, hb = _score(self.worker, held, self.token_bytes, self.holdout, self.device, keep=self.sample,
+                            first=len(batches))
+            self.private = {"holdout_bpb": hn / (math.log(2) * hb) if hb else None, "holdout_tokens": self.holdout}
+            self.phases["holdout"] = round(time.monotonic() - self.t_go, 3)
+
+    def check_fresh(self) -> None:
+        """The main worker, its owner, every process it left and every file it made in its folder are gone before
+        the fresh one loads anything of the proposal: nothing of it is left to connect to, stat or read (eval.log
+        stays, for the runner)."""
+        fresh = self.fresh
+        spare = [p for p in (fresh, fresh and fresh.owner) if p is not None]
+        mine = [p for p in self.started if p not in spare]
+        _retire(self.zygote, mine, spare=spare)
+        self.started[:] = spare
+        _clear_folder(self.job, keep=("eval.log",))
+        t_fresh = time.monotonic()
+        if fresh is None:
+            fresh = _start(self.req, self.zygote, self.deadline, [self.fresh_lane], self.V, self.record["transfer"],
+                           self.started)[0]
+            fresh.expect("mapped")
+        fresh.send("go")
+        _check_fresh(fresh, self.batches + self.held, self.sample, self.secret, self.device, self.req, self.record)
+        self.record["fresh_seconds"] = round(time.monotonic() - t_fresh, 3)
+        self.phases["fresh"] = round(time.monotonic() - self.t_go, 3)
+
+    def close(self) -> None:
         try:
-            _retire(zygote, started)             # nothing a worker started outlives its evaluation, nor its files
+            _retire(self.zygote, self.started)   # nothing a worker started outlives its evaluation, nor its files
         except (OSError, RuntimeError):
             pass
-        for d in (job, Path(req["fresh_job_dir"]) if req.get("fresh_job_dir") else None):
+        fresh_dir = Path(self.req["fresh_job_dir"]) if self.req.get("fresh_job_dir") else None
+        for d in (self.job, fresh_dir):
             for name in ("in.bin", "out.bin", "ipc.pkl", "to_worker", "from_worker"):
                 if d is not None:
                     (d / name).unlink(missing_ok=True)
-    return {"record": record, "private": private}
+
+
+def evaluate(req: dict, zygote: Zygote, release: Release, cache: dict | None = None) -> dict:
+    """Score the checkpoint named by `req` (Evaluation); returns the record (the runner's) and the hold-out
+    (private). The workers start at `release.prestart()`, the model loads after `release.go()`."""
+    return Evaluation(req, zygote, release, cache).run()
 
 
 def _open(req: dict, zygote: Zygote, deadline: float, lanes: list, fresh_lane, V: int, transfers: list[str],
