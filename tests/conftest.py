@@ -20,6 +20,7 @@ import pytest
 
 from autoresearch.harness import data
 from autoresearch.harness.env import resolve_profile
+from tiers import marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: F401  (hooks)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -127,8 +128,12 @@ def prepared_cache(tmp_path, monkeypatch, tiny_dataset, _tiny_digest) -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """Modules with a slow test first, each module kept whole (its module-scoped fixtures, such as the Ray
-    cluster, start once); file order otherwise."""
+    """Every test without a tier's marker is `fast` (tests/tiers.py), so `pytest -m fast` selects them. Modules
+    with a slow test first, each module kept whole (its module-scoped fixtures, such as the Ray cluster, start
+    once); file order otherwise."""
+    for item in items:
+        if marked_tier(item) == "fast":
+            item.add_marker(pytest.mark.fast)
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in slow)
 

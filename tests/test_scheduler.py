@@ -1,0 +1,160 @@
+"""The scheduler's dispatch and settle order, its limits and a resume, against a scripted executor: real git
+repos and the real Loop, queue and ledger, but no training process. Each slot's run returns a val_bpb from its
+knobs, and finishes when the test says so, so the order of finishing is the test's, never the machine's."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from autoresearch.executors.local import LocalExecutor
+from autoresearch.experiment import settle
+from autoresearch.experiment.evaluate import Verdict
+from autoresearch.experiment.execute import TrainOutcome
+from autoresearch.experiment.trial import Trial
+from autoresearch.ledger import read_results
+from autoresearch.runner import RunResult
+from autoresearch.session import Loop
+from autoresearch.slots import Slot
+
+from test_loop import _isolated, assert_consistent, cfg, make_repo  # noqa: F401  (autouse fixture)
+
+WAIT = 60.0       # the most a scripted run waits for the test to let it finish (a hang, not a timing)
+
+
+def bowl(knobs: dict) -> float:
+    """val_bpb of a knob setting: lower the nearer TOTAL_BATCH_SIZE is to 2**17."""
+    size = knobs.get("TOTAL_BATCH_SIZE", 2**19)
+    return 3.0 + 0.1 * abs(size.bit_length() - 18)
+
+
+class Scripted(LocalExecutor):
+    """`n` slots on this machine (each its own worktree, as with --gpus cpu:n) whose training is a script:
+    `gates[exp_id]` (when given) must be set before that experiment's run ends."""
+
+    name = "scripted"
+
+    def __init__(self, n: int, gates: dict[int, threading.Event] | None = None):
+        super().__init__([Slot(i, None, "cpu") for i in range(n)])
+        self.gates = gates or {}
+        self.dispatched: list[tuple[int, int]] = []      # (exp_id, slot) as runs started
+        self.finished: list[int] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self._lock = threading.Lock()
+
+    def train(self, loop, ctx, x, budget: float, seed: int):
+        with self._lock:
+            self.dispatched.append((x.spec.id, ctx.slot.index))
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        gate = self.gates.get(x.spec.id)
+        try:
+            if gate is not None:
+                assert gate.wait(WAIT), f"experiment {x.spec.id} was never let finish"
+            log = x.exp_dir / "train.log"
+            log.write_text("scripted run\n")
+            result = RunResult(0, False, None, budget, log, False)
+            val = bowl(x.knobs)
+            outcome = TrainOutcome(result, 0.1, budget, 0.05, None, False, window=budget)
+            settle.take(loop, x, Trial(outcome, Verdict(val, None, None, {"val_bpb": val}, None), True, None, None))
+            return result, None
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self.finished.append(x.spec.id)
+
+
+def loop(root, ex, **kw) -> Loop:
+    return Loop(cfg(noise=0.01, **kw), root, "t", executor=ex)
+
+
+def test_one_slot_runs_the_queue_in_order(tmp_path):
+    root = make_repo(tmp_path)
+    ex = Scripted(1)
+    with loop(root, ex) as lp:
+        for size in (2**18, 2**20, 2**17, 2**16):
+            lp.enqueue_knobs({"TOTAL_BATCH_SIZE": size})
+        lp.run()
+    rows = assert_consistent(root)
+    assert [r.exp_id for r in rows] == [1, 2, 3, 4, 5] == [i for i, _ in ex.dispatched]
+    assert [r.status.value for r in rows] == ["keep", "keep", "discard", "keep", "discard"]
+    assert ex.most_in_flight == 1
+
+
+def test_the_baseline_runs_alone_then_slots_fill_in_queue_order_and_settle_in_dispatch_order(tmp_path):
+    """Two slots: the baseline alone; then 2 and 3 at once; 3 finishes first but is recorded after 2; 4 takes 3's
+    slot as soon as it is free."""
+    root = make_repo(tmp_path)
+    gates = {i: threading.Event() for i in (1, 2, 3, 4)}
+    ex = Scripted(2, gates)
+    order: list[int] = []
+
+    def conductor():
+        gates[1].set()                                       # the baseline
+        _wait_until(lambda: {2, 3} <= {i for i, _ in ex.dispatched})
+        assert 1 in ex.finished and len(ex.dispatched) == 3  # nothing went beside the baseline
+        gates[3].set()
+        _wait_until(lambda: 3 in ex.finished)
+        order.append(len(read_results(root / "runs" / "t" / "results.tsv")))   # 3 done, 2 not: only the baseline
+        gates[2].set()
+        gates[4].set()
+
+    t = threading.Thread(target=conductor)
+    with loop(root, ex, gpus="cpu:2") as lp:
+        for size in (2**18, 2**17, 2**16):
+            lp.enqueue_knobs({"TOTAL_BATCH_SIZE": size})
+        t.start()
+        lp.run()
+    t.join()
+    rows = assert_consistent(root)
+    assert order == [1]
+    assert [r.exp_id for r in rows] == [1, 2, 3, 4, 5]
+    assert [i for i, _ in ex.dispatched] == [1, 2, 3, 4, 5]
+    assert ex.finished.index(3) < ex.finished.index(2)
+    assert ex.most_in_flight == 2
+    # 2 (2**18) and 3 (2**17) both beat the baseline from the same parent: 3 is settled after 2 was kept, so its
+    # win is stale and runs again on top of the new best as experiment 5, where it is kept; 4 (2**16, dispatched
+    # into 3's slot) only ties the new best
+    assert [r.status.value for r in rows] == ["keep", "keep", "stale", "discard", "keep"]
+    assert rows[4].knobs["TOTAL_BATCH_SIZE"] == 2**17 and "re-run on top of it as experiment 0005" in rows[2].reason
+
+
+@pytest.mark.parametrize("queued, max_experiments, slots, ran", [
+    (4, 3, 1, 3),         # the baseline + 2 of the queue
+    (4, 3, 2, 3),         # in flight counts: never a 4th dispatched beside the 3rd
+    (1, 5, 2, 2),         # the queue runs out first
+])
+def test_max_experiments_counts_what_is_in_flight(tmp_path, queued, max_experiments, slots, ran):
+    root = make_repo(tmp_path)
+    ex = Scripted(slots)
+    with loop(root, ex, gpus=f"cpu:{slots}") as lp:
+        for i in range(queued):
+            lp.enqueue_knobs({"LR_MULT": 1.0 + 0.5 * (i + 1)})
+        s = lp.run(max_experiments=max_experiments)
+    assert len(ex.dispatched) == ran == s.experiments == len(assert_consistent(root))
+
+
+def test_a_resumed_session_runs_what_is_left_in_queue_order(tmp_path):
+    root = make_repo(tmp_path)
+    first = Scripted(1)
+    with loop(root, first) as lp:
+        for i in range(4):
+            lp.enqueue_knobs({"LR_MULT": 1.0 + 0.5 * (i + 1)})
+        lp.run(max_experiments=3)
+    assert [i for i, _ in first.dispatched] == [1, 2, 3]
+    second = Scripted(1)
+    with loop(root, second) as lp:
+        lp.run()
+    assert [i for i, _ in second.dispatched] == [4, 5]
+    assert [r.exp_id for r in assert_consistent(root)] == [1, 2, 3, 4, 5]
+
+
+def _wait_until(cond) -> None:
+    """Wait for a state of the scheduler (polled), bounded by WAIT: a hang fails, a slow machine does not."""
+    deadline = time.monotonic() + WAIT
+    while not cond():
+        assert time.monotonic() < deadline, "the scheduler never got there"
+        time.sleep(0.01)
