@@ -18,6 +18,7 @@ from autoresearch.errors import ConfigError
 from autoresearch.ledger import Status, read_results
 
 from test_loop import no_ar_settings  # noqa: F401  (a fixture, asked for by name)
+from fixtures.cli import git, run_ar
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -208,16 +209,6 @@ def test_zero_config_with_the_real_train_py(tmp_path):
 
 
 # ------------------------------------------------------------------- ar try, ar eval, a mistyped key, the status line
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
-# `python -m autoresearch ARGS` in a subprocess
-def run_ar(*args, cwd, timeout=180, env=None):
-    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
 
 
 def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp_path, prepared_cache, monkeypatch):

@@ -18,6 +18,20 @@ import pytest
 from autoresearch.harness import checkpoint, data
 from autoresearch.harness.evaluator import manifest
 
+from fixtures.waits import until
+
+
+def _at_least(n: int, xs: list) -> list | None:
+    return xs if len(xs) >= n else None
+
+
+def _maps(proc) -> list:
+    try:
+        return proc.memory_maps(grouped=False)
+    except Exception:          # noqa: BLE001 — gone, or not readable yet: not there
+        return []
+
+
 T = 7  # rows of 8 tokens: two 4-token documents [BOS, a, b, c] each
 
 MODELS = '''
@@ -220,9 +234,8 @@ def test_prestarted_workers_load_nothing_of_the_proposal_before_go_and_score_the
         deadline = time.monotonic() + 30
         while not (Path(req["job_dir"]) / "to_worker").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(1.0)                                      # the worker has mapped its buffers by now
-        seen["workers"] = [c for c in psutil.Process(server.proc.pid).children(recursive=True)
-                           if c.status() != psutil.STATUS_ZOMBIE]
+        seen["workers"] = until(lambda: _at_least(2, [c for c in psutil.Process(server.proc.pid).children(
+            recursive=True) if c.status() != psutil.STATUS_ZOMBIE]), "the zygote and a worker to be up")
         seen["imported"] = mark.exists()
 
     early = server.score_prestarted(req, while_training)
@@ -260,15 +273,14 @@ def test_closing_a_session_server_leaves_no_process_not_even_a_zombie(tmp_path, 
     """When `ar` returns, no process of its evaluator session may be left: a worker left as a zombie for init
     to reap keeps its Landlock rules and so the deleted workspace's inodes, and a remount of runs/ right
     after fails 'busy' (seen in CI)."""
-    import time
-
     import psutil
 
     from autoresearch.experiment.evaluate import Server as Session
     s = Session(tmp_path / "runs" / "evaluator.log")
     proc = s.ensure()
     if case == "idle":
-        time.sleep(3)                                     # the fork server has imported torch and waits
+        until(lambda: any("libtorch" in m.path for c in psutil.Process(proc.pid).children() for m in _maps(c)),
+              "the fork server to have imported torch")
     if case == "after an evaluation":
         req = job(handmade(tmp_path, [0, 1, 2, 3]), [0.0] * 4, eval_tokens=2 * T, rows=2)
         assert s.send(json.dumps({**req, "id": 1})) and s.send("go 1") and s.wait_done(1, 60)

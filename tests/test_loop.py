@@ -27,6 +27,8 @@ from autoresearch.proposers.search import StrategyProposer
 from autoresearch.queue import ExperimentQueue
 from autoresearch.views.status import read_status
 
+from fixtures.waits import until
+
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTS = FIXTURES / "agents"
 EVAL_TOKENS = 2048       # a few rows of the tiny dataset's validation split: a quick evaluation
@@ -240,8 +242,7 @@ def test_every_kind_of_bad_run(tmp_path):
     assert s.stop_reason == "the queue is empty"
     assert (root / "runs" / "t" / f"{got['flood'].exp_id:04d}-{got['flood'].commit}" / "train.log").stat().st_size \
         < 2**20 + 2**15
-    time.sleep(0.3)
-    assert sleepers_left(tmp_path) == []
+    until(lambda: sleepers_left(tmp_path) == [], "the runs' sleeping children to be gone")
 
 
 def sleepers_left(tmp_path: Path) -> list[psutil.Process]:

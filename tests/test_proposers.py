@@ -14,6 +14,7 @@ from autoresearch.proposers import Context, ProposalFailed, make_proposer
 from autoresearch.proposers.agent import AgentProposer, command_for, fill, render_prompt
 from autoresearch.proposers.search import GridProposer, RandomProposer, StrategyProposer
 
+from fixtures.waits import until
 from test_loop import sleepers_left
 
 AGENTS = Path(__file__).parent / "fixtures" / "agents"
@@ -175,8 +176,7 @@ def test_agent_timeout_kills_the_group(tmp_path):
     with pytest.raises(ProposalFailed, match="timed out after 1s"):
         agent("hang.py", tmp_path, timeout=1).propose(ctx(tmp=root))
     assert time.monotonic() - t0 < 8
-    time.sleep(0.2)
-    assert sleepers_left(tmp_path) == []
+    until(lambda: sleepers_left(tmp_path) == [], "the agent's sleeping children to be gone")
 
 
 def test_agent_failure_and_flood(tmp_path):

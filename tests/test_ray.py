@@ -25,18 +25,22 @@ from test_loop import assert_consistent, cfg, make_repo
 
 ray = pytest.importorskip("ray")
 
+# The cluster reports and serves on a loopback address, never the machine's network address. Ray replaces
+# 127.0.0.1 (and "localhost") by the address the machine is reached at from outside; another address of the
+# loopback network (127.0.0.0/8) it keeps as it is.
+LOOPBACK = "127.0.0.2"
 FAST_FAILURE = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
                 "RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_timeout_ms": "500"}
 
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
 def _start(args: list[str], log: Path, env: dict) -> subprocess.Popen:
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--resources", '{"exp": 1}',
+    common = ["--node-ip-address", LOOPBACK, "--num-cpus", "1", "--resources", '{"exp": 1}',
               "--object-store-memory", "80000000", "--disable-usage-stats", "--block"]
     return subprocess.Popen(["ray", "start", *args, *common], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)
@@ -64,7 +68,7 @@ def cluster(tmp_path_factory):
     head = _start(["--head", "--port", str(port), "--include-dashboard", "false"], tmp / "head.log", env)
     nodes = [head]
     try:
-        address = f"127.0.0.1:{port}"
+        address = f"{LOOPBACK}:{port}"
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -78,6 +82,7 @@ def cluster(tmp_path_factory):
         while sum(n["Alive"] for n in ray.nodes()) < 2:
             assert time.monotonic() < deadline + 30, (tmp / "node.log").read_text()
             time.sleep(0.2)
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {LOOPBACK}, ray.nodes()
         yield {"address": address, "head": head, "node": nodes[1], "cache": tmp / "worker-cache"}
     finally:
         ray.shutdown()

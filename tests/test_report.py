@@ -25,6 +25,7 @@ from autoresearch.views import report as rep
 from autoresearch.ledger import COLUMNS, Ledger, Row, Status
 
 from test_loop import cfg, make_repo, no_ar_settings  # noqa: F401  (no_ar_settings: a fixture, asked for by name)
+from fixtures.cli import git, run_ar
 
 UPSTREAM = Path(__file__).parent / "data" / "upstream_results.tsv"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -404,16 +405,6 @@ def test_the_report_lists_windows_shorter_than_the_budget_and_why():
 
 
 # -------------------------------------------------------------------------- one best, the numbers of status and --all
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
-# `python -m autoresearch ARGS` in a subprocess
-def run_ar(*args, cwd, timeout=180, env=None):
-    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
 
 
 def quick_start_rows() -> list[Row]:

@@ -18,6 +18,8 @@ from autoresearch.harness import sandbox
 from autoresearch.ledger import read_results
 from autoresearch.session import Loop
 
+from fixtures.waits import until
+
 from test_loop import cfg, make_repo
 
 needs_landlock = pytest.mark.skipif(not sandbox.available()[0], reason="needs Landlock: " + sandbox.available()[1])
@@ -110,9 +112,8 @@ def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
             "time.sleep(0.3)\n")
     r = sandboxed(tmp_path, sandbox.base_policy(), code)
     assert r.returncode == 0, r.stderr
-    time.sleep(0.3)
-    alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-    assert not alive
+    until(lambda: not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])],
+          "the daemon the sandboxed code left to be gone")
 
 
 def test_no_sandbox_refuses_in_one_line_and_unsandboxed_marks_every_result(tmp_path, monkeypatch, prepared_cache):

@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,16 +21,7 @@ from autoresearch.session import Loop
 from test_data import small_text
 from test_lock import holding_the_lock
 from test_loop import cfg, make_repo, no_ar_settings  # noqa: F401  (no_ar_settings: a fixture, asked for by name)
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
-def ar(*args, cwd, timeout=180, env=None):
-    return subprocess.run([sys.executable, "-m", "autoresearch", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+from fixtures.cli import git, run_ar as ar
 
 
 def _first_line(root, **kw) -> tuple[str, Loop]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import threading
 import time
@@ -91,13 +92,19 @@ def marked_tier(item) -> str:
 def pytest_runtest_protocol(item, nextitem):
     _seen.clear()
     _test_thread[0] = threading.current_thread()
+    cpu0 = _cpu()
     yield
     _test_thread[0] = None
     record = os.environ.get("AR_TIERS_RECORD")
-    if record:
+    if record:         # also the CPU seconds the test and the processes it reaped used: where the suite's time goes
         with open(record, "a") as f:
-            f.write(json.dumps({"id": item.nodeid, "tier": TIERS[_seen.get("level", 0)],
-                                "what": _seen.get("what")}) + "\n")
+            f.write(json.dumps({"id": item.nodeid, "tier": TIERS[_seen.get("level", 0)], "what": _seen.get("what"),
+                                "cpu": round(_cpu() - cpu0, 2)}) + "\n")
+
+
+def _cpu() -> float:
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 @pytest.hookimpl(wrapper=True)
