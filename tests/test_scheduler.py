@@ -4,6 +4,7 @@ knobs, and finishes when the test says so, so the order of finishing is the test
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
 import time
 
@@ -84,15 +85,22 @@ def test_one_slot_runs_the_queue_in_order(tmp_path):
     assert ex.most_in_flight == 1
 
 
-def test_the_baseline_runs_alone_then_slots_fill_in_queue_order_and_settle_in_dispatch_order(tmp_path):
+def test_the_baseline_runs_alone_then_slots_fill_in_queue_order_and_settle_in_dispatch_order(tmp_path,
+                                                                                              monkeypatch):
     """Two slots: the baseline alone; then 2 and 3 at once; 3 finishes first but is recorded after 2; 4 takes 3's
     slot as soon as it is free."""
     root = make_repo(tmp_path)
     gates = {i: threading.Event() for i in (1, 2, 3, 4)}
     ex = Scripted(2, gates)
     order: list[int] = []
+    alone: list[bool] = []
+    waiting = threading.Event()                 # the scheduler has dispatched what it may and waits on its flights
+    real_wait = cf.wait
+    monkeypatch.setattr(cf, "wait", lambda *a, **k: (waiting.set(), real_wait(*a, **k))[1])
 
     def conductor():
+        _wait_until(lambda: waiting.is_set() and ex.dispatched == [(1, 0)])
+        alone.append(not lp.queue.is_started(2))             # a free slot, a queued experiment: not beside it
         gates[1].set()                                       # the baseline
         _wait_until(lambda: {2, 3} <= {i for i, _ in ex.dispatched})
         assert 1 in ex.finished and len(ex.dispatched) == 3  # nothing went beside the baseline
@@ -110,7 +118,7 @@ def test_the_baseline_runs_alone_then_slots_fill_in_queue_order_and_settle_in_di
         lp.run()
     t.join()
     rows = assert_consistent(root)
-    assert order == [1]
+    assert alone == [True] and order == [1]
     assert [r.exp_id for r in rows] == [1, 2, 3, 4, 5]
     assert [i for i, _ in ex.dispatched] == [1, 2, 3, 4, 5]
     assert ex.finished.index(3) < ex.finished.index(2)
