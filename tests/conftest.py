@@ -20,7 +20,7 @@ import pytest
 
 from autoresearch.harness import data
 from autoresearch.harness.env import resolve_profile
-from tiers import marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: F401  (hooks)
+from tiers import add_fixture_tiers, marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: F401  (hooks)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -131,6 +131,7 @@ def pytest_collection_modifyitems(items):
     """Every test without a tier's marker is `fast` (tests/tiers.py), so `pytest -m fast` selects them. Modules
     with a slow test first, each module kept whole (its module-scoped fixtures, such as the Ray cluster, start
     once); file order otherwise."""
+    add_fixture_tiers(items)
     for item in items:
         if marked_tier(item) == "fast":
             item.add_marker(pytest.mark.fast)

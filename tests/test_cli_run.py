@@ -108,6 +108,7 @@ def test_help_lists_the_flags():
         assert flag in out
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, message, code", [
     (["--proposer", "magic"], "proposer in the command line must be one of", 2),
     (["--agent", "no-such-agent-xyz"], "not found on PATH", 2),
@@ -121,6 +122,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, args, message, code):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2
 
 
+@pytest.mark.e2e
 def test_unknown_config_key_from_the_command_line(tmp_path):
     root = make_repo(tmp_path)
     f = tmp_path / "c.yaml"
@@ -129,6 +131,7 @@ def test_unknown_config_key_from_the_command_line(tmp_path):
     assert r.returncode == 2 and "unknown key 'budjet'" in r.stderr and str(f) in r.stderr
 
 
+@pytest.mark.e2e
 def test_not_a_repo_or_no_train_py(tmp_path):
     r = ar("run", "--repo", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "no train.py in" in r.stderr
@@ -137,6 +140,7 @@ def test_not_a_repo_or_no_train_py(tmp_path):
     assert r.returncode == 1 and "not a git repository" in r.stderr
 
 
+@pytest.mark.e2e
 def test_run_then_status(tmp_path):
     root = make_repo(tmp_path)
     runner = CliRunner()
@@ -154,6 +158,7 @@ def test_run_then_status(tmp_path):
     assert f"best: {best:.6f}" in st and "3 keep" in st
 
 
+@pytest.mark.e2e
 def test_failures_stop_with_exit_code_1(tmp_path):
     root = make_repo(tmp_path)
     (root / "train.py").write_text((root / "train.py").read_text().replace('FAIL_MODE = "none"', 'FAIL_MODE = "nan"'))
@@ -162,6 +167,7 @@ def test_failures_stop_with_exit_code_1(tmp_path):
     assert r.returncode == 1 and "the baseline did not run cleanly" in r.stdout
 
 
+@pytest.mark.e2e
 def test_zero_config_first_run(tmp_path, monkeypatch):
     """No config, no GPU, no prepared data, no agent: the builtin corpus is prepared, the CPU profile and the
     strategy proposer are chosen, each said in one line, and the best result ends the output."""
@@ -195,6 +201,7 @@ def test_zero_config_first_run(tmp_path, monkeypatch):
     assert any(ln.startswith(f"best: {rows[0].val_bpb:.6f} val_bpb") for ln in lines[stop + 1:]), lines[stop:]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_zero_config_with_the_real_train_py(tmp_path):
     """The README's main job for real, on CPU: prepares the builtin corpus into an empty cache and trains."""
@@ -211,6 +218,7 @@ def test_zero_config_with_the_real_train_py(tmp_path):
 # ------------------------------------------------------------------- ar try, ar eval, a mistyped key, the status line
 
 
+@pytest.mark.e2e
 def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp_path, prepared_cache, monkeypatch):
     from autoresearch.gitops import GitRepo
     from autoresearch.knobs import set_knobs
@@ -240,6 +248,7 @@ def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp
     assert git(root, "status", "--porcelain") == "M train.py"
 
 
+@pytest.mark.e2e
 def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_checkpoint(tmp_path, prepared_cache,
                                                                                       monkeypatch):
     import os
@@ -270,6 +279,7 @@ def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_chec
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "is not a checkpoint" in missing.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.usefixtures("no_ar_settings")
 def test_ar_eval_refuses_a_folder_without_weights_before_numbering_and_its_hint_is_true(tmp_path, prepared_cache):
     from autoresearch.session import Loop
@@ -286,6 +296,7 @@ def test_ar_eval_refuses_a_folder_without_weights_before_numbering_and_its_hint_
     assert not (root / "runs" / "t" / "trials.tsv").exists() and not list((root / "runs" / "t").glob("eval-*"))
 
 
+@pytest.mark.e2e
 def test_a_mistyped_config_key_gets_a_suggestion_and_the_run_limits_are_keys(tmp_path, prepared_cache):
     from autoresearch.config import load_config
     from autoresearch.errors import ConfigError

@@ -82,6 +82,7 @@ def results_repo(root: Path, description: str = "baseline") -> Path:
 
 # ------------------------------------------------------------------------------------ 1. version, -h, completion
 
+@pytest.mark.integration
 def test_version_from_the_package_metadata_under_both_names(env):
     for script in (AR, AUTORESEARCH):
         r = ar("--version", env=env, script=script)
@@ -98,6 +99,7 @@ def test_h_is_help_on_every_command():
         assert short.output == long.output
 
 
+@pytest.mark.integration
 def test_shell_completion_is_offered_and_completes(env):
     out = ar("--help", env=env).stdout
     assert "--install-completion" in out and "--show-completion" in out
@@ -113,6 +115,7 @@ def test_shell_completion_is_offered_and_completes(env):
 
 # ------------------------------------------------------------------------------------ 2. binutils' ar first on PATH
 
+@pytest.mark.integration
 def test_doctor_warns_when_another_ar_comes_first_on_path(tmp_path, env):
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -129,6 +132,7 @@ def test_doctor_warns_when_another_ar_comes_first_on_path(tmp_path, env):
 
 # ------------------------------------------------------------------------------------ 3. pipes, NO_COLOR, --no-color
 
+@pytest.mark.integration
 def test_piped_output_is_plain_and_unwrapped(tmp_path, env):
     long = "a description far longer than any terminal is wide, " * 5
     root = results_repo(tmp_path / "repo", description=long)
@@ -140,6 +144,7 @@ def test_piped_output_is_plain_and_unwrapped(tmp_path, env):
     assert "\x1b" not in r.stdout + r.stderr and all(ln[:2] in ("✓ ", "! ", "✗ ") for ln in r.stdout.splitlines())
 
 
+@pytest.mark.integration
 def test_no_color_and_NO_COLOR_write_no_escape_codes_on_a_terminal(tmp_path, env):
     root = results_repo(tmp_path / "repo")
     coloured = on_a_terminal("report", "--repo", root, env=env)
@@ -153,6 +158,7 @@ def test_no_color_and_NO_COLOR_write_no_escape_codes_on_a_terminal(tmp_path, env
 
 # ------------------------------------------------------------------------------------ 4. exit codes
 
+@pytest.mark.integration
 def test_exit_codes_usage_bad_input_failure(tmp_path, env):
     for args, code, says in ((["report", "--bogus"], 2, "No such option: --bogus (see `ar report -h`)"),
                              (["report", "--top", "x"], 2, "Invalid value for '--top'"),
@@ -166,6 +172,7 @@ def test_exit_codes_usage_bad_input_failure(tmp_path, env):
     assert "run `ar run` (or `ar sweep FILE`)" in r.stderr  # and how to get results
 
 
+@pytest.mark.integration
 def test_ctrl_c_exits_130(tmp_path, env):
     # `ar doctor` asks the first `ar` on PATH for its version: a fake one that hangs holds it still for the signal
     fake, started = tmp_path / "bin", tmp_path / "started"
@@ -184,6 +191,7 @@ def test_ctrl_c_exits_130(tmp_path, env):
 
 # ------------------------------------------------------------------------------------ 5. --json, errors included
 
+@pytest.mark.integration
 def test_json_errors_are_json_on_stdout(tmp_path, env):
     for args, code in ((["report", "--repo", tmp_path, "--json"], 1),
                        (["report", "--json", "--top", "x"], 2),
@@ -196,6 +204,7 @@ def test_json_errors_are_json_on_stdout(tmp_path, env):
     assert "not a git repository" in doc["error"]
 
 
+@pytest.mark.integration
 def test_status_json(tmp_path, env):
     root = results_repo(tmp_path / "repo")
     r = ar("status", "--json", "--repo", root, env=env)
@@ -213,6 +222,7 @@ def test_status_json(tmp_path, env):
 
 # ------------------------------------------------------------------------------------ 6. the GPU table override
 
+@pytest.mark.integration
 def test_user_gpu_table_overrides_and_extends_and_doctor_names_it(tmp_path, env):
     user = Path(env["HOME"]) / ".config" / "ar" / "gpus.yaml"
     user.parent.mkdir(parents=True)
@@ -241,6 +251,7 @@ def run_ar(*args, cwd, timeout=180, env=None):
 BOX = set("─│┃━┏┓┗┛╭╮╰╯┌┐└┘├┤┬┴┼")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
 def test_non_finite_or_non_positive_budgets_are_one_line(tmp_path, value):
     r = run_ar("run", "--repo", str(tmp_path), "--time-budget", value, cwd=tmp_path)
@@ -258,6 +269,7 @@ def test_help_keeps_the_ray_extra_in_brackets():
     assert "autoresearch-ar[ray]" in out, out
 
 
+@pytest.mark.e2e
 def test_help_and_a_sweeps_plan_into_a_pipe_are_plain_lines(tmp_path):
     from test_loop import make_repo
 
@@ -273,6 +285,7 @@ def test_help_and_a_sweeps_plan_into_a_pipe_are_plain_lines(tmp_path):
     assert "plan (listed)" in r.stdout and "#\tstate\tbudget\tpoint" in r.stdout
 
 
+@pytest.mark.e2e
 def test_flags_in_rich_help_take_no_value(tmp_path):
     import os
     import re
@@ -296,6 +309,7 @@ def test_every_pip_install_of_an_extra_names_the_package():
     assert found and all(m in (name, ".") for _, m in found), sorted(found)
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("no_ar_settings")
 def test_bare_ar_prints_the_usage_into_a_pipe_too():
     r = run_ar(cwd=ROOT)
@@ -303,6 +317,7 @@ def test_bare_ar_prints_the_usage_into_a_pipe_too():
     assert r.returncode == 2
 
 
+@pytest.mark.e2e
 def test_outside_a_repository_one_message_says_all_the_way(tmp_path):
     (tmp_path / "train.py").write_text("DEPTH = 1\n")
     r = run_ar("run", cwd=tmp_path)
@@ -310,6 +325,7 @@ def test_outside_a_repository_one_message_says_all_the_way(tmp_path):
     assert "`ar init DIR`" in r.stderr and "git init && git add train.py && git commit -m baseline" in r.stderr
 
 
+@pytest.mark.e2e
 def test_with_no_git_identity_the_dirty_tree_advice_works(tmp_path, prepared_cache):
     import os
     from test_loop import make_repo

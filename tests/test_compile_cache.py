@@ -18,6 +18,7 @@ from autoresearch.proposers.agent import AgentProposer
 from autoresearch.session import Loop
 
 from test_loop import AGENTS, _isolated, cfg, make_repo, statuses  # noqa: F401  (autouse fixture)
+import pytest
 
 PROBE = '''
 def _probe():
@@ -53,6 +54,7 @@ def seen(root: Path, tag: str = "t") -> dict[int, list[str]]:
     return out
 
 
+@pytest.mark.e2e
 def test_trusted_runs_fill_the_store_an_agents_run_does_not(tmp_path):
     root = probe_repo(tmp_path)
     agent = " ".join(shlex.quote(a) for a in (sys.executable, str(AGENTS / "by_experiment.py"),
@@ -83,6 +85,7 @@ def test_trusted_runs_fill_the_store_an_agents_run_does_not(tmp_path):
     assert timing["process_start"] <= timing["window_start"] <= timing["checkpoint"] <= timing["eval_done"]
 
 
+@pytest.mark.integration
 def test_the_agent_cannot_reach_the_store(tmp_path):
     """The agent runs outside the training sandbox: its own sandbox denies the store like the dataset."""
     from autoresearch.experiment.prepare import _agent_policy
@@ -93,6 +96,7 @@ def test_the_agent_cannot_reach_the_store(tmp_path):
     assert compile_cache.store_dir(default_cache()).is_dir()    # made at open, so the sandbox denies it as it is
 
 
+@pytest.mark.e2e
 def test_no_compile_cache_means_cold(tmp_path):
     root = probe_repo(tmp_path)
     with Loop(cfg(compile_cache=False), root, "t") as lp:
@@ -129,6 +133,7 @@ def _attack():
 '''
 
 
+@pytest.mark.e2e
 def test_an_agents_run_cannot_write_the_store_through_a_hard_link_or_directly(tmp_path):
     """Compile-store attack: the store's entries are files the agent's run can name (its own folder's path gives
     the store's away); a hard link made in its own writable folder would reach the store's inode. Landlock refuses

@@ -104,6 +104,7 @@ def test_ar_usage_lines_add_up_and_win_over_a_presets_own_report():
 
 # --------------------------------------------------------------------------- the presets, end to end
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name, sample, tokens, usd, description", [
     ("claude", "claude.json", 112247, 0.1873, "halve TOTAL_BATCH_SIZE to 2**18"),
     ("codex", "codex.jsonl", 25885, None, "halve TOTAL_BATCH_SIZE to 2**18"),
@@ -174,6 +175,7 @@ def costly(edits: dict) -> AgentProposer:
     return AgentProposer(cmd, timeout=30)
 
 
+@pytest.mark.e2e
 def test_max_usd_stops_before_the_next_proposal_and_resume_counts_the_spend(tmp_path, loop_env):
     root = make_repo(tmp_path)
     edits = {"2": {"TOTAL_BATCH_SIZE": "2**18"}, "3": {}, "4": "fail", "5": {}}

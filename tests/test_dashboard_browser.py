@@ -26,6 +26,8 @@ from autoresearch.proposers import Proposal
 from test_loop import _isolated, cfg, make_repo  # noqa: F401  (autouse fixture)
 from test_serve import Served
 
+pytestmark = pytest.mark.e2e
+
 CANDIDATES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser", "google-chrome")
 XSS = '<img src=x onerror="window.pwned=1"><script>window.pwned=1</script> halve the batch'
 

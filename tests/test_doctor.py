@@ -176,6 +176,7 @@ def test_data_prepared_or_not(tmp_path):
     assert c.state == dr.OK and "8192" in c.detail
 
 
+@pytest.mark.integration
 def test_repo_states(tmp_path):
     assert dr.check_repo(tmp_path).state == dr.FAIL  # not a repository
     git.Repo.init(tmp_path / "empty")
@@ -224,6 +225,7 @@ def fake_inputs(**over):
     return {**kw, **over}
 
 
+@pytest.mark.integration
 def test_checklist_on_a_gpu(tmp_path):
     make_repo(tmp_path)
     checks = dr.run_checks(tmp_path, **fake_inputs())
@@ -241,6 +243,7 @@ def test_the_sandbox_line_says_how_runs_are_kept_apart():
     assert missing.state == dr.WARN and "--unsandboxed" in missing.fix
 
 
+@pytest.mark.integration
 def test_checklist_unknown_gpu_and_missing_agent(tmp_path):
     make_repo(tmp_path)
     facts = replace(GPU_FACTS, gpu=replace(H200, name="Imaginary GPU 9000"))
@@ -248,6 +251,7 @@ def test_checklist_unknown_gpu_and_missing_agent(tmp_path):
     assert checks["peak"].state == dr.WARN and checks["agent"].state == dr.FAIL
 
 
+@pytest.mark.integration
 def test_checklist_without_kernels_skips_the_gpu_probes(tmp_path):
     make_repo(tmp_path)
     facts = replace(GPU_FACTS, gpu=replace(H200, capability=(12, 0)), arch_list=("sm_80", "sm_90"))
@@ -256,6 +260,7 @@ def test_checklist_without_kernels_skips_the_gpu_probes(tmp_path):
     assert checks["kernels"].state == dr.FAIL and "attention" not in checks and dr.blocking(checks.values())
 
 
+@pytest.mark.integration
 def test_checklist_on_cpu_has_no_gpu_lines(tmp_path):
     make_repo(tmp_path)
     checks = by_name(dr.run_checks(tmp_path, **fake_inputs(facts=CPU_FACTS)))
@@ -267,6 +272,7 @@ def test_checklist_on_cpu_has_no_gpu_lines(tmp_path):
 runner = CliRunner()
 
 
+@pytest.mark.integration
 def test_cli_doctor_on_this_machine(tmp_path):
     """Real torch, git, disk and data checks: no GPU is reported as ! and the exit code is 0."""
     make_repo(tmp_path)
@@ -283,6 +289,7 @@ def test_cli_doctor_on_this_machine(tmp_path):
         assert json.loads(result.stdout)["probe"] == {"skipped": dr.NO_GPU}
 
 
+@pytest.mark.integration
 def test_cli_doctor_fails_on_a_dirty_repo_and_prints_json(tmp_path):
     make_repo(tmp_path)
     (tmp_path / "train.py").write_text("print('edited')\n")
@@ -293,6 +300,7 @@ def test_cli_doctor_fails_on_a_dirty_repo_and_prints_json(tmp_path):
     assert {c["name"]: c["state"] for c in doc["checks"]}["repo"] == "fail"
 
 
+@pytest.mark.integration
 def test_cli_doctor_reads_the_agent_from_the_config(tmp_path):
     make_repo(tmp_path)
     cfg = tmp_path.parent / f"{tmp_path.name}-ar.yaml"
@@ -493,6 +501,7 @@ FAKE_TRAIN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_subprocess_execute_reads_results_failures_and_timeouts(tmp_path):
     train = tmp_path / "train.py"
     train.write_text(FAKE_TRAIN)
@@ -505,6 +514,7 @@ def test_subprocess_execute_reads_results_failures_and_timeouts(tmp_path):
     assert not hung.ok and "timed out" in hung.error and hung.seconds < 10
 
 
+@pytest.mark.integration
 def test_probe_end_to_end_with_a_fake_train_py(tmp_path):
     """probe(): staged search over subprocesses, the choice written, and resolve() reading it back."""
     (tmp_path / "train.py").write_text(FAKE_TRAIN)

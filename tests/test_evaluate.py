@@ -170,6 +170,7 @@ def by_hand(logits: list[float], token_bytes: list[int], targets: list[int]) -> 
 ROW = [1, 2, 3, 0, 1, 2, 3]
 
 
+@pytest.mark.integration
 def test_bpb_against_a_hand_computed_value(tmp_path, server, job):
     tok = handmade(tmp_path, [0, 1, 2, 3])
     logits = [0.5, 1.0, -1.0, 2.0]
@@ -215,6 +216,7 @@ def test_a_model_that_learns_from_the_stream_and_memoises_its_answers_is_rejecte
     assert honest["rejected"] is None and honest["fresh_max_diff"] == 0, honest
 
 
+@pytest.mark.integration
 def test_prestarted_workers_load_nothing_of_the_proposal_before_go_and_score_the_same(tmp_path, server, job):
     """"prestart" (the runner's word near the end of training, on a GPU) starts the main and fresh workers early:
     they map their buffers, but the proposal's train file is imported only after "go" (its import leaves a mark),
@@ -268,6 +270,7 @@ def test_no_checkpoint_is_no_score_and_the_server_goes_on(tmp_path, server, job)
 
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", ["starting", "idle", "after an evaluation"])
 def test_closing_a_session_server_leaves_no_process_not_even_a_zombie(tmp_path, job, case):
     """When `ar` returns, no process of its evaluator session may be left: a worker left as a zombie for init
@@ -368,6 +371,7 @@ for line in fin:
 '''
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm")
 def test_a_buffer_owners_handles_are_mapped_and_its_files_removed_once_it_is_reaped(tmp_path):
     """The evaluator's side of a buffer owner (a stand-in process whose "handles" rebuild CPU tensors): its
@@ -407,6 +411,7 @@ def test_a_buffer_owners_handles_are_mapped_and_its_files_removed_once_it_is_rea
     assert not [f for f in owner.files if os.path.lexists(f)] and not d.exists()
 
 
+@pytest.mark.integration
 def test_a_gpu_evaluation_that_fell_back_to_the_host_says_so_in_the_row():
     from types import SimpleNamespace
     from autoresearch.experiment.settle import _slow_transfer

@@ -20,6 +20,7 @@ from test_loop import _isolated, ar, make_repo, wait_for, write_cfg  # noqa: F40
 from test_serve import Served
 
 from fixtures.clocks import ManualClock
+import pytest
 
 SLOTS = [{"slot": 0, "label": "GPU 0", "gpu": 0, "kind": "gpu"}, {"slot": 1, "label": "GPU 1", "gpu": 1, "kind": "gpu"}]
 
@@ -219,6 +220,7 @@ def test_a_flood_of_steps_stays_bounded(tmp_path):
 
 # ------------------------------------------------------------------------------- a real loop, its views
 
+@pytest.mark.e2e
 def test_a_real_loop_writes_its_events_in_order_and_status_folds_them(tmp_path):
     root = make_repo(tmp_path)
     conf = write_cfg(tmp_path, time_budget=3)
@@ -257,6 +259,7 @@ def test_a_real_loop_writes_its_events_in_order_and_status_folds_them(tmp_path):
     assert doc["running"] is False and doc["status"]["state"] == "stopped" and doc["status"]["last"]["exp_id"] == 2
 
 
+@pytest.mark.e2e
 def test_kill_9_status_and_the_dashboard_say_not_running(tmp_path):
     root = make_repo(tmp_path)
     conf = write_cfg(tmp_path, time_budget=5)

@@ -36,6 +36,7 @@ def test_default_tag_and_tag_check():
     assert branch_name("nov30") == "autoresearch/nov30"
 
 
+@pytest.mark.integration
 def test_not_a_repo_and_no_commits(tmp_path):
     with pytest.raises(GitError, match="not a git repository"):
         GitRepo(tmp_path)
@@ -44,6 +45,7 @@ def test_not_a_repo_and_no_commits(tmp_path):
         GitRepo(tmp_path).ensure_commits()
 
 
+@pytest.mark.integration
 def test_dirty_tree_is_refused_with_the_fix(repo):
     g = GitRepo(repo)
     g.ensure_clean()
@@ -54,6 +56,7 @@ def test_dirty_tree_is_refused_with_the_fix(repo):
         g.ensure_clean()
 
 
+@pytest.mark.integration
 def test_branch_commit_reset_by_sha_and_experiment_refs(repo):
     g = GitRepo(repo)
     start = g.head_sha()
@@ -74,6 +77,7 @@ def test_branch_commit_reset_by_sha_and_experiment_refs(repo):
         g.reset_hard("HEAD~1")
 
 
+@pytest.mark.integration
 def test_changed_paths_sees_untracked_but_not_ignored_runs(repo):
     g = GitRepo(repo)
     g.ensure_ignored()
@@ -92,6 +96,7 @@ def test_changed_paths_sees_untracked_but_not_ignored_runs(repo):
     assert g.tracked_changes(head) == ["prepare.py", "train.py"]
 
 
+@pytest.mark.integration
 def test_commits_skip_the_repos_hooks(repo):
     hook = repo / ".git/hooks/pre-commit"
     hook.write_text("#!/bin/sh\nexit 1\n")
@@ -102,6 +107,7 @@ def test_commits_skip_the_repos_hooks(repo):
     assert g.head_sha() == sha
 
 
+@pytest.mark.integration
 def test_git_state_restore(repo):
     g = GitRepo(repo)
     state = git_state(g.git_dir)
@@ -113,6 +119,7 @@ def test_git_state_restore(repo):
     assert not (g.git_dir / "hooks/post-commit").exists()
 
 
+@pytest.mark.integration
 def test_stale_index_lock(repo):
     g = GitRepo(repo)
     (g.git_dir / "index.lock").write_text("")

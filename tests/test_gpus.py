@@ -109,6 +109,7 @@ def workspace(tmp_path):
     return tmp_path / "ws"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", [["run", "--max-experiments", "1"], ["sweep", "configs/sweep-cpu-small.yaml"],
                                      ["doctor"]])
 def test_a_bad_override_file_is_a_config_error_before_anything_runs(workspace, command):
@@ -123,6 +124,7 @@ def test_a_bad_override_file_is_a_config_error_before_anything_runs(workspace, c
     assert len(git.Repo(workspace).branches) == 1                             # no experiment branch
 
 
+@pytest.mark.e2e
 def test_the_default_override_file_is_checked_too(workspace):
     home = workspace.parent / "home"
     (home / ".config" / "ar").mkdir(parents=True)

@@ -41,6 +41,7 @@ def check(g, tag_dir, snap):
     return guards.check_scope(g, snap, ["train.py"], tag_dir, exclude_prefix="0002-none/")
 
 
+@pytest.mark.integration
 def test_only_train_py_changed_passes(repo):
     g, tag_dir = repo
     snap = guards.snapshot(g, g.head_sha(), tag_dir)
@@ -50,6 +51,7 @@ def test_only_train_py_changed_passes(repo):
     assert check(g, tag_dir, snap) == (["train.py"], None)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("edit, expect", [
     (lambda r: (r / "prepare.py").write_text("EVAL_TOKENS = 1\n"), "prepare.py"),
     (lambda r: (r / "program.md").unlink(), "program.md"),
@@ -77,6 +79,7 @@ def test_anything_else_is_rejected_and_restored(repo, edit, expect):
     assert g.dirty_paths() == []
 
 
+@pytest.mark.integration
 def test_a_commit_made_by_the_agent_is_rejected_and_undone(repo):
     g, tag_dir = repo
     start = g.head_sha()

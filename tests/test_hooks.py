@@ -27,6 +27,7 @@ def entries(journal):
     return [json.loads(line) for line in journal.read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_payload_on_stdin_and_env(tmp_path, journal):
     cmd = 'cat > stdin.json; echo "$AR_EVENT|$AR_TAG|$AR_EXP_ID|$AR_COMMIT|$AR_VAL_BPB|$AR_STATUS" > env.txt'
     hooks, logs = make(tmp_path, journal, {"kept": [cmd]})
@@ -39,12 +40,14 @@ def test_payload_on_stdin_and_env(tmp_path, journal):
     assert (start["phase"], end["phase"], end["result"], end["rc"]) == ("start", "end", "ok", 0)
 
 
+@pytest.mark.integration
 def test_missing_payload_fields_are_empty(tmp_path, journal):
     hooks, _ = make(tmp_path, journal, {"loop_finished": ['echo "[$AR_EXP_ID][$AR_VAL_BPB][$AR_TAG]" > env.txt']})
     hooks.fire("loop_finished", "end", {"tag": "nov30", "val_bpb": None})
     assert (tmp_path / "env.txt").read_text().strip() == "[][][nov30]"
 
 
+@pytest.mark.integration
 def test_exactly_once_across_instances(tmp_path, journal):
     cmd = "echo $AR_EXP_ID >> count.txt"
     hooks, _ = make(tmp_path, journal, {"kept": [cmd], "run_started": [cmd, cmd]})
@@ -59,6 +62,7 @@ def test_exactly_once_across_instances(tmp_path, journal):
     assert again.fired("kept", "7") and not again.fired("kept", "9")
 
 
+@pytest.mark.integration
 def test_failing_hook_is_logged_and_does_not_raise(tmp_path, journal):
     hooks, logs = make(tmp_path, journal, {"crashed": ["echo 'webhook down' >&2; exit 3", "echo ok > second.txt"]})
     hooks.fire("crashed", "3", PAYLOAD)
@@ -68,6 +72,7 @@ def test_failing_hook_is_logged_and_does_not_raise(tmp_path, journal):
     assert end["rc"] == 3 and "webhook down" in end["output"]
 
 
+@pytest.mark.integration
 def test_hanging_hook_times_out(tmp_path, journal):
     hooks, logs = make(tmp_path, journal, {"run_finished": ["sleep 30"]}, timeout=0.5)
     t = time.monotonic()
@@ -77,6 +82,7 @@ def test_hanging_hook_times_out(tmp_path, journal):
     assert hooks.fired("run_finished", "1")
 
 
+@pytest.mark.integration
 def test_hook_ignoring_sigterm_is_killed(tmp_path, journal):
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
     hooks, logs = make(tmp_path, journal, {"run_finished": [f'{sys.executable} -c "{code}"']}, timeout=0.3)
@@ -85,12 +91,14 @@ def test_hook_ignoring_sigterm_is_killed(tmp_path, journal):
     assert time.monotonic() - t < 6 and "timed out" in logs[0]
 
 
+@pytest.mark.integration
 def test_hook_killed_by_a_signal(tmp_path, journal):
     hooks, logs = make(tmp_path, journal, {"reverted": ["kill -9 $$"]})
     hooks.fire("reverted", "2", PAYLOAD)
     assert len(logs) == 1 and "killed by SIGKILL" in logs[0]
 
 
+@pytest.mark.integration
 def test_background_process_holding_output_does_not_block(tmp_path, journal):
     hooks, logs = make(tmp_path, journal, {"kept": ["sleep 5 & echo started"]})
     t = time.monotonic()
@@ -98,6 +106,7 @@ def test_background_process_holding_output_does_not_block(tmp_path, journal):
     assert time.monotonic() - t < 3 and logs == []
 
 
+@pytest.mark.integration
 def test_hook_that_ignores_a_large_payload(tmp_path, journal):
     hooks, logs = make(tmp_path, journal, {"kept": ["true"]})
     hooks.fire("kept", "1", {**PAYLOAD, "big": "x" * 500_000})
@@ -113,6 +122,7 @@ def test_interrupted_hook_is_not_run_again(tmp_path, journal):
     assert len(logs) == 1 and "interrupted earlier" in logs[0]
 
 
+@pytest.mark.integration
 def test_damaged_journal(tmp_path, journal):
     journal.parent.mkdir(parents=True)
     done = {"event": "kept", "key": "1", "i": 0, "cmd": "x"}

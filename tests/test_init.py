@@ -38,6 +38,7 @@ def resources(tmp_path):
     return res
 
 
+@pytest.mark.integration
 def test_init_creates_a_committed_workspace(tmp_path, resources):
     ws = init_workspace(tmp_path / "ws", resources=resources)
     root = tmp_path / "ws"
@@ -51,6 +52,7 @@ def test_init_creates_a_committed_workspace(tmp_path, resources):
     assert repo.head.commit.author.email in ("ar@localhost", repo.config_reader().get_value("user", "email", ""))
 
 
+@pytest.mark.integration
 def test_init_commits_as_ar_when_git_has_no_identity(tmp_path, resources, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))               # no ~/.gitconfig: no user.name
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
@@ -59,6 +61,7 @@ def test_init_commits_as_ar_when_git_has_no_identity(tmp_path, resources, monkey
     assert (c.author.name, c.author.email, c.committer.email) == ("ar", "ar@localhost", "ar@localhost")
 
 
+@pytest.mark.integration
 def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path, resources):
     target = tmp_path / "busy"
     target.mkdir()
@@ -70,6 +73,7 @@ def test_init_refuses_a_non_empty_directory_unless_forced(tmp_path, resources):
     assert (target / "mine.txt").read_text() == "keep me\n" and (target / "train.py").exists()
 
 
+@pytest.mark.integration
 def test_init_into_an_existing_empty_directory_and_not_a_file(tmp_path, resources):
     (tmp_path / "empty").mkdir()
     init_workspace(tmp_path / "empty", resources=resources)
@@ -114,6 +118,7 @@ def _setuptools_major() -> int:
     return int(setuptools.__version__.split(".")[0])
 
 
+@pytest.mark.integration
 def test_a_built_wheel_carries_real_copies_of_the_templates(tmp_path):
     """What pip installs from a checkout: the links become files equal to the top-level ones."""
     if _checkout_branch() is None or not (ROOT / "pyproject.toml").is_file():
@@ -155,6 +160,7 @@ def test_editing_the_checkouts_train_py_leaves_the_package_fingerprint_alone(tmp
     assert "resources/train.py changed" in fp.changes()
 
 
+@pytest.mark.integration
 def test_init_from_a_checkout_on_an_experiment_branch_says_the_train_py_is_tuned(tmp_path):
     checkout = tmp_path / "checkout"
     repo = git.Repo.init(checkout)
@@ -174,6 +180,7 @@ def test_init_from_a_checkout_on_an_experiment_branch_says_the_train_py_is_tuned
     assert (ws.path / "train.py").read_text() == "print('tuned')\n" and not (ws.path / "train.py").is_symlink()
 
 
+@pytest.mark.integration
 def test_cli_init_prints_the_next_commands(tmp_path):
     result = runner.invoke(app, ["init", str(tmp_path / "ws")])
     assert result.exit_code == 0, result.output
@@ -191,6 +198,7 @@ def ar(*args, cwd):
                           timeout=180)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_quick_start_in_a_new_workspace(tmp_path, prepared_cache):
     """The README's quick start through the real command line: `ar init X && cd X && ar run --max-experiments N`

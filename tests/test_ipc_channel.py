@@ -292,6 +292,7 @@ def _inside(p: str, tops) -> bool:
     return any(p == t or p.startswith(t.rstrip("/") + "/") for t in tops)
 
 
+@pytest.mark.integration
 def test_no_byte_a_model_worker_writes_reaches_a_later_one_and_the_control_leaks(tmp_path):
     targets(tmp_path / "listed.txt")
     procs = {mode: _run(tmp_path, mode) for mode in ("narrow", "wide")}   # side by side: 2 cores
@@ -398,6 +399,7 @@ def _assert_opened(main: dict, policies: str, log: str) -> None:
         assert check["datagrams"] == 0 and "unreachable" in check["why"]["udp"], log     # there, not even its own
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policies", POLICIES)
 def test_the_fresh_worker_reaches_no_socket_file_size_or_udp_port_the_main_worker_opened(tmp_path, policies):
     """The real evaluator (one request, the real sandbox, the fresh re-score): the main worker opens the three
@@ -434,6 +436,7 @@ def test_the_fresh_worker_reaches_no_socket_file_size_or_udp_port_the_main_worke
     assert sorted(p.name for p in ws.job.iterdir()) == ["eval.log"], logs   # nothing else of it was left
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policies", POLICIES)
 def test_control_workers_side_by_side_do_reach_the_main_workers_channels(tmp_path, policies):
     """The control (the test above can fail): the same model, workspace and policies, in the evaluator's own

@@ -38,6 +38,7 @@ def _git_init(root: Path) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.quiet          # the speed-up is kept on two timings: nothing else may run beside them
 def test_ar_run_keeps_the_speed_up_and_rejects_the_wrong_result_and_the_cheat(tmp_path):
@@ -62,6 +63,7 @@ def test_ar_run_keeps_the_speed_up_and_rejects_the_wrong_result_and_the_cheat(tm
     assert "FAIL:" in gate_log
 
 
+@pytest.mark.integration
 @needs_sandbox
 def test_the_clock_the_metric_and_a_cache_are_out_of_the_candidates_reach(tmp_path):
     # The candidate stops the clocks of its own process and prints the metric it would like, on stdout (the
@@ -90,6 +92,7 @@ def softcap_ce(logits, targets, cap):
     assert "0.001" not in out.stdout
 
 
+@pytest.mark.integration
 @needs_sandbox
 def test_the_candidate_cannot_reach_the_reference(tmp_path):
     # Return the reference's result: import it, or read it through the harness's working folder.
@@ -123,6 +126,7 @@ def softcap_ce(logits, targets, cap):
     assert "reference unreachable: " in out.stdout and "import: ModuleNotFoundError" in out.stdout, out.stdout
 
 
+@pytest.mark.integration
 def test_a_candidate_that_exits_early_with_success_fails_the_gate(tmp_path):
     # os._exit(0) from inside the candidate: in a gate that imported it, that would be a pass.
     root = _workspace(tmp_path, block=2048, extra="\nimport os\nos._exit(0)\n")

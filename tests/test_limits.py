@@ -66,7 +66,7 @@ def test_a_halt_stops_the_session_at_the_next_row():
 @pytest.mark.parametrize("done, in_flight, max_experiments, room", [
     (0, 0, None, True), (3, 0, 4, True), (3, 1, 4, False), (4, 0, 4, False), (0, 2, 2, False),
 ])
-def test_max_experiments_counts_what_is_in_flight(done, in_flight, max_experiments, room):
+def test_max_experiments_leaves_room_for_what_is_in_flight(done, in_flight, max_experiments, room):
     lim = Limits(loop(), max_experiments, None)
     lim.n = done
     said = lim.no_room(in_flight)

@@ -53,6 +53,7 @@ def holder(tmp_path):
     proc.wait()
 
 
+@pytest.mark.integration
 def test_second_acquirer_gets_lockheld_naming_the_holder(holder):
     path, proc = holder
     with pytest.raises(LockHeld) as e:
@@ -63,6 +64,7 @@ def test_second_acquirer_gets_lockheld_naming_the_holder(holder):
     assert msg.endswith("wait for it or stop it") and e.value.exit_code == 3
 
 
+@pytest.mark.integration
 def test_read_holder_from_another_process(holder):
     path, proc = holder
     meta = read_holder(path)
@@ -70,6 +72,7 @@ def test_read_holder_from_another_process(holder):
     assert meta["since"]
 
 
+@pytest.mark.integration
 def test_kill_9_holder_never_blocks_the_next_run(holder):
     path, proc = holder
     os.kill(proc.pid, signal.SIGKILL)
@@ -82,6 +85,7 @@ def test_kill_9_holder_never_blocks_the_next_run(holder):
     assert read_holder(path) is None and not metadata_path(path).exists()
 
 
+@pytest.mark.integration
 def test_in_process_acquire_release(tmp_path):
     path = tmp_path / ".ar.lock"
     assert read_holder(path) is None
@@ -97,6 +101,7 @@ def test_in_process_acquire_release(tmp_path):
         pass
 
 
+@pytest.mark.integration
 def test_stale_metadata_is_not_named(tmp_path):
     path = tmp_path / ".ar.lock"
     a = RepoLock(path, tag="a", command="ar run")
@@ -111,6 +116,7 @@ def test_stale_metadata_is_not_named(tmp_path):
     a.release()
 
 
+@pytest.mark.integration
 def test_label(tmp_path):
     path = gpu_lock_path(tmp_path / "cache", 1)
     with RepoLock(path, tag="a", command="ar run", label="on GPU 1"):
@@ -123,6 +129,7 @@ def test_gpu_lock_path(tmp_path):
     assert p == tmp_path / "cache" / "locks" / "gpu3.lock" and p.parent.is_dir()
 
 
+@pytest.mark.integration
 def test_concurrent_starts_exactly_one_runs(tmp_path):
     path = tmp_path / ".ar.lock"
     start = time.time() + 1.0
@@ -159,6 +166,7 @@ def holding_the_lock(root):
         holder.wait()
 
 
+@pytest.mark.e2e
 def test_a_refused_run_or_sweep_says_nothing_before_the_lock_error(tmp_path, prepared_cache):
     from test_loop import make_repo
 

@@ -101,6 +101,7 @@ def agent_cmd(name: str, *extra: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ basics
 
+@pytest.mark.e2e
 def test_strategy_loop_keeps_only_improvements(tmp_path):
     root = make_repo(tmp_path)
     events = []
@@ -128,6 +129,7 @@ def test_strategy_loop_keeps_only_improvements(tmp_path):
     assert st["status"]["state"] == "stopped" and st["best"]["val_bpb"] == s.best.val_bpb
 
 
+@pytest.mark.integration
 def test_dirty_tree_is_refused(tmp_path):
     root = make_repo(tmp_path)
     (root / "train.py").write_text((root / "train.py").read_text() + "\n# edit\n")
@@ -147,6 +149,7 @@ class Cycle:
         return self.proposers.pop(0).propose(ctx)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_scripted_agents(tmp_path):
     root = make_repo(tmp_path)
@@ -183,6 +186,7 @@ def test_scripted_agents(tmp_path):
 
 # ------------------------------------------------------------------------------------------- train runs
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_every_kind_of_bad_run(tmp_path):
     root = make_repo(tmp_path)
@@ -252,6 +256,7 @@ def sleepers_left(tmp_path: Path) -> list[psutil.Process]:
         p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]
 
 
+@pytest.mark.e2e
 def test_max_consecutive_crashes_and_a_broken_baseline(tmp_path):
     root = make_repo(tmp_path)
     with Loop(cfg(max_consecutive_crashes=2), root, "t", None) as loop:
@@ -267,6 +272,7 @@ def test_max_consecutive_crashes_and_a_broken_baseline(tmp_path):
     assert s.failed and "baseline" in s.stop_reason and statuses(other) == ["crash"]
 
 
+@pytest.mark.e2e
 def test_the_evaluators_workers_start_before_the_window_ends_when_asked(tmp_path):
     """eval_prestart (10 s on a GPU by default): the runner says "prestart" that long before the training window
     ends, and the evaluator's workers are ready when the checkpoint is; without it they start at "go"."""
@@ -286,6 +292,7 @@ def test_the_evaluators_workers_start_before_the_window_ends_when_asked(tmp_path
             assert rec["seconds"]["prestarted"] == 0, rec
 
 
+@pytest.mark.e2e
 def test_a_run_that_trained_under_half_its_budget_is_never_kept_on_its_val_bpb(tmp_path):
     """The same better model (TOTAL_BATCH_SIZE 2**18: the stand-in's val_bpb depends on its knobs, not its steps) three
     ways: never asking ar's feed, or spending 5 CPU-s of start-up (past what the baseline's allows: the window
@@ -306,6 +313,7 @@ def test_a_run_that_trained_under_half_its_budget_is_never_kept_on_its_val_bpb(t
     assert rows[3].val_bpb == pytest.approx(rows[1].val_bpb) == pytest.approx(rows[2].val_bpb)
 
 
+@pytest.mark.e2e
 def test_a_last_step_that_started_inside_the_budget_may_finish(tmp_path, prepared_cache):
     # one 3.5-s step on a 1-s budget (a busy CPU): the old rule (budget x 1.1 + 2 s on the printed time) said crash
     root = make_repo(tmp_path, STEP_SECONDS=3.5)
@@ -314,6 +322,7 @@ def test_a_last_step_that_started_inside_the_budget_may_finish(tmp_path, prepare
     assert row.status is Status.KEEP, row.reason
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_that_links_outside_is_refused_and_ar_reads_nothing_through_it(tmp_path):
     """Workspace attack: the run cannot read a file outside its sandbox, but it can leave a link to one where ar
     (unsandboxed, root or the user) reads the checkpoint after it: model.json, which ar copies beside the record.
@@ -332,6 +341,7 @@ def test_a_checkpoint_that_links_outside_is_refused_and_ar_reads_nothing_through
     assert leaked == []
 
 
+@pytest.mark.e2e
 def test_rerun_and_confirmation(tmp_path):
     root = make_repo(tmp_path, SEED_NOISE=0.001)
     # 30 s of start-up before the kill: beside a busy test worker the stand-in's start-up took 9.8 s (2.4 CPU-s) and
@@ -350,6 +360,7 @@ def test_rerun_and_confirmation(tmp_path):
     assert Ledger(root / "runs" / "t").best_kept().commit == best.commit
 
 
+@pytest.mark.e2e
 def test_a_win_at_a_very_different_throughput_with_the_same_model_is_confirmed_first(tmp_path, prepared_cache):
     from autoresearch.ledger import read_results
     from autoresearch.session import Loop
@@ -366,6 +377,7 @@ def test_a_win_at_a_very_different_throughput_with_the_same_model_is_confirmed_f
     assert lr.status is Status.DISCARD and not list((root / "runs" / "t").glob("0003-*/train-confirm.log"))
 
 
+@pytest.mark.e2e
 def test_calibrate_noise(tmp_path):
     root = make_repo(tmp_path, SEED_NOISE=0.01)
     loop = Loop(cfg(), root, "t", StrategyProposer(), calibrate_noise=3)
@@ -382,6 +394,7 @@ def test_calibrate_noise(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ hooks
 
+@pytest.mark.e2e
 def test_hooks_fire_once_in_order_despite_failing_and_hanging_ones(tmp_path):
     root = make_repo(tmp_path)
     log = tmp_path / "events.txt"
@@ -413,6 +426,7 @@ def test_hooks_fire_once_in_order_despite_failing_and_hanging_ones(tmp_path):
 
 # ---------------------------------------------------------------------------------------- queue, resume
 
+@pytest.mark.e2e
 def test_queue_order_kept_across_a_restart(tmp_path):
     root = make_repo(tmp_path)
     with Loop(cfg(), root, "t", None) as loop:
@@ -425,6 +439,7 @@ def test_queue_order_kept_across_a_restart(tmp_path):
     assert [(r.exp_id, r.description) for r in rows] == [(1, "baseline"), (2, "lr 0.5"), (3, "lr 2.0"), (4, "lr 1.5")]
 
 
+@pytest.mark.e2e
 def test_resume_repairs_half_made_state(tmp_path):
     """The states a kill leaves, made by hand: a started spec with a commit and a dirty tree (re-run), and
     a ledger row whose spec was never marked done (marked, not re-run)."""
@@ -452,6 +467,7 @@ def test_resume_repairs_half_made_state(tmp_path):
     assert any("runs again" in e.message for e in events)
 
 
+@pytest.mark.e2e
 def test_a_spec_that_keeps_stopping_ar_is_recorded_not_retried(tmp_path):
     root = make_repo(tmp_path)
     Loop(cfg(), root, "t", None).run()
@@ -498,6 +514,7 @@ def training(root, exp_id):
     return x.get("id") == exp_id and x.get("phase") == "training" and st.get("step")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_kill_9_mid_experiment_then_resume(tmp_path):
     root = make_repo(tmp_path)
@@ -525,6 +542,7 @@ def test_kill_9_mid_experiment_then_resume(tmp_path):
     assert rows[:2] == before                                          # nothing recorded was lost or changed
 
 
+@pytest.mark.e2e
 def test_kill_9_during_the_proposal_then_resume(tmp_path):
     root = make_repo(tmp_path)
     slow = tmp_path / "slow_agent.py"
@@ -549,6 +567,7 @@ def test_kill_9_during_the_proposal_then_resume(tmp_path):
     assert "LR_MULT = 3.0" not in (root / "train.py").read_text()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
     root = make_repo(tmp_path)
@@ -588,6 +607,7 @@ def git(root: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
+@pytest.mark.e2e
 def test_a_crashed_baseline_can_be_fixed_on_the_same_tag(tmp_path, prepared_cache):
     root = make_repo(tmp_path, FAIL_MODE="crash")
     s = Loop(cfg(noise=0.002), root, "t", None).run()
@@ -604,6 +624,7 @@ def test_a_crashed_baseline_can_be_fixed_on_the_same_tag(tmp_path, prepared_cach
     assert any("starting from your current HEAD" in m for m in said), said
 
 
+@pytest.mark.e2e
 def test_a_users_commit_on_the_branch_runs_as_a_proposal_and_is_never_reset_over(tmp_path, prepared_cache):
     from autoresearch.gitops import GitRepo
     from autoresearch.knobs import set_knobs
@@ -626,6 +647,7 @@ def test_a_users_commit_on_the_branch_runs_as_a_proposal_and_is_never_reset_over
     assert not any("restored to the best kept commit" in m for m in said), said
 
 
+@pytest.mark.e2e
 def test_a_users_commit_that_loses_stays_reachable_and_one_outside_scope_is_refused(tmp_path, prepared_cache):
     from autoresearch.errors import GitError
     from autoresearch.gitops import GitRepo

@@ -34,6 +34,7 @@ def ar(*args: str):
 
 # ----------------------------------------------------------------------------------------- end to end
 
+@pytest.mark.e2e
 def test_memory_loop_refuses_a_repeat_lists_a_near_miss_and_switches_strategy(tmp_path):
     root = make_repo(tmp_path)
     plan = {
@@ -109,6 +110,7 @@ def test_normalisation_ignores_layout_and_comments_not_code():
     assert program_fingerprint("x = '''\n") == program_fingerprint("x  =  '''\n")            # does not tokenize
 
 
+@pytest.mark.integration
 def test_same_change_from_a_new_best_is_a_repeat_for_an_agent_not_for_a_search(tmp_path):
     root = make_repo(tmp_path)
     g = GitRepo(root)
@@ -163,6 +165,7 @@ def test_same_build_compares_the_checkpoints_config_and_the_knobs_it_does_not_ex
     assert same_build(a, {"DEPTH": 7}, tmp_path / "nowhere", {"DEPTH": 6}) is None
 
 
+@pytest.mark.e2e
 def test_a_win_that_built_the_same_model_as_the_best_is_not_kept(tmp_path, prepared_cache):
     from autoresearch.ledger import read_results
     from autoresearch.session import Loop
@@ -216,6 +219,7 @@ def test_journal_near_misses_dead_ends_plateau_and_untrusted_descriptions(tmp_pa
     assert len(memory.digest(big).encode()) <= memory.DIGEST_MAX and "more)" in memory.digest(big)
 
 
+@pytest.mark.integration
 def test_journal_reads_an_upstream_results_file_with_git_diffs(tmp_path):
     root = make_repo(tmp_path)
     git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=root,  # noqa
@@ -241,6 +245,7 @@ def test_journal_reads_an_upstream_results_file_with_git_diffs(tmp_path):
     assert not (root / "journal.md").exists()         # a results file outside runs/: printed, not written
 
 
+@pytest.mark.integration
 def test_journal_errors_are_one_line(tmp_path):
     for args, code, words in ((("--repo", str(tmp_path)), 1, "no results yet"),
                               (("--repo", str(tmp_path), "--results", str(tmp_path / "nope.tsv")), 1, "no results"),

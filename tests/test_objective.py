@@ -106,6 +106,7 @@ def _repo(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.e2e
 def test_an_objective_to_maximise_with_a_gate_end_to_end(tmp_path):
     root = _repo(tmp_path)
     _config(root, proposer="grid", search_space={"SCORE": [3, 2, 5, -1]}, profile="cpu")
@@ -134,6 +135,7 @@ def test_an_objective_to_maximise_with_a_gate_end_to_end(tmp_path):
     assert "score (pts, higher is better)" in table and "best:" in table and "score 50.000000 pts" in table
 
 
+@pytest.mark.e2e
 def test_the_gate_cannot_plant_anything_for_the_command(tmp_path):
     # The candidate runs inside the gate: there it rewrites the benchmark in its working copy and plants a
     # sitecustomize.py in the user site of its HOME, both of which would make the command print score 1000.
@@ -170,6 +172,7 @@ def test_the_agents_prompt_speaks_of_the_objective(tmp_path):
     assert "val_bpb" not in text and "training" not in text.split("## Rules")[0]
 
 
+@pytest.mark.e2e
 def test_a_bad_objective_from_the_command_line_is_one_line_and_exit_2(tmp_path):
     root = _repo(tmp_path)
     (root / "ar.yaml").write_text("objective:\n  name: score\n  command: python score.py\n  metric: {regex: 'no group'}\n"

@@ -84,6 +84,7 @@ def test_config_keys(tmp_path):
         load_config(None, {"gpus": "zero"})
 
 
+@pytest.mark.e2e
 def test_two_slots_run_at_once(tmp_path):
     root = make_repo(tmp_path)
     with ParallelLoop(cfg(gpus="cpu:2", time_budget=1.5), root, "t") as lp:
@@ -103,6 +104,7 @@ def test_two_slots_run_at_once(tmp_path):
     assert rows[2].parent == rows[0].commit          # both proposals started from the baseline
 
 
+@pytest.mark.e2e
 def test_decisions_in_dispatch_order_and_stale_win_rerun(tmp_path):
     # A (dispatched first) finishes last and wins; B (finished first) beats A too, but its parent is the
     # baseline: recorded stale and re-run on top of A, where it wins again.
@@ -125,6 +127,7 @@ def test_decisions_in_dispatch_order_and_stale_win_rerun(tmp_path):
     assert "TOTAL_BATCH_SIZE = 2**17" in knobs and "START_DELAY = 2.5" in knobs
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
     """An agent's win on a stale parent: its diff is applied on top of the new best (the lines both changed
@@ -157,6 +160,7 @@ def test_an_agents_stale_win_is_replayed_on_the_new_best_and_recorded(tmp_path):
     assert "TOTAL_BATCH_SIZE = 2**17" in text and "START_DELAY = 2.5" in text
 
 
+@pytest.mark.e2e
 def test_stale_policy_record(tmp_path):
     root = make_repo(tmp_path)
     with ParallelLoop(cfg(gpus="cpu:2", stale_policy="record"), root, "t") as lp:
@@ -169,6 +173,7 @@ def test_stale_policy_record(tmp_path):
     assert_consistent(root)
 
 
+@pytest.mark.e2e
 def test_failures_and_rejections_in_slots(tmp_path):
     root = make_repo(tmp_path)
     with ParallelLoop(cfg(gpus="cpu:2"), root, "t") as lp:
@@ -185,6 +190,7 @@ def test_failures_and_rejections_in_slots(tmp_path):
         assert "changed at run time" not in (tree / "program.md").read_text()
 
 
+@pytest.mark.e2e
 def test_builtin_proposer_does_not_repeat_a_point_in_flight(tmp_path):
     root = make_repo(tmp_path)
     lp = ParallelLoop(cfg(gpus="cpu:3"), root, "t", StrategyProposer())
@@ -195,6 +201,7 @@ def test_builtin_proposer_does_not_repeat_a_point_in_flight(tmp_path):
     assert len(set(points)) == len(points), "two slots tried the same point"
 
 
+@pytest.mark.e2e
 def test_gpu_slots_pin_and_lock(tmp_path):
     root = make_repo(tmp_path)
     held = RepoLock(gpu_lock_path(default_cache(), 1), tag="other", command="ar run --gpus 1", label="on GPU 1")
@@ -219,6 +226,7 @@ def test_gpu_slots_pin_and_lock(tmp_path):
         pass                                 # given back when the loop closed
 
 
+@pytest.mark.e2e
 def test_two_slots_on_one_gpu_take_turns(tmp_path):
     """`--gpus 0,0`: never two training processes on the GPU at once, but the next experiment's proposal and
     workspace overlap a training, and its process starts while the last one is still being evaluated."""
@@ -244,6 +252,7 @@ def test_two_slots_on_one_gpu_take_turns(tmp_path):
         pass                                 # one lock for the shared GPU, given back
 
 
+@pytest.mark.e2e
 def test_two_slots_on_each_of_two_gpus_take_turns_per_gpu(tmp_path):
     """`--gpus 0,0,1,1` (parsed without a probe): four slots, two per GPU; on each GPU one training at a time,
     while the two GPUs train side by side."""
@@ -269,6 +278,7 @@ def test_two_slots_on_each_of_two_gpus_take_turns_per_gpu(tmp_path):
     assert any(a[0] < b[1] and b[0] < a[1] for a in per_gpu["0"] for b in per_gpu["1"]), per_gpu  # side by side
 
 
+@pytest.mark.integration
 def test_the_launcher_runs_nothing_of_the_tree_before_go(tmp_path):
     """harness/launcher.py starts in the run's tree but imports nothing from it (-I): a tree that plants its
     own `autoresearch` package is not run; the script runs only after `go`; a closed pipe calls the run off with
@@ -296,6 +306,7 @@ def test_the_launcher_runs_nothing_of_the_tree_before_go(tmp_path):
             assert out == "", out                           # after its own line, nothing: nothing of the tree ran
 
 
+@pytest.mark.e2e
 def test_status_shows_every_slot(tmp_path):
     root = make_repo(tmp_path)
     # 6-s windows: two start-ups on a loaded CPU may differ by seconds, and the windows must overlap
@@ -327,6 +338,7 @@ def test_status_shows_every_slot(tmp_path):
     assert "cpu slot 0: experiment 000" in out and "cpu slot 1: experiment 000" in out and "step" in out, out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_cli_run_and_sweep_with_gpus(tmp_path):
     root = make_repo(tmp_path)
@@ -375,6 +387,7 @@ def _train_procs(root: Path) -> list[psutil.Process]:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ctrl_c_and_kill_9_with_two_slots(tmp_path):
     root = make_repo(tmp_path)

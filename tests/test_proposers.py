@@ -156,6 +156,7 @@ def repo_dir(tmp_path):
     return root
 
 
+@pytest.mark.integration
 def test_agent_edits_and_describes(tmp_path):
     root = repo_dir(tmp_path)
     p = agent("improve.py", tmp_path).propose(ctx(tmp=root))
@@ -165,11 +166,13 @@ def test_agent_edits_and_describes(tmp_path):
     assert (root / "exp" / "prompt.md").read_text().startswith("# autoresearch")
 
 
+@pytest.mark.integration
 def test_agent_description_falls_back_to_last_output_line(tmp_path):
     root = repo_dir(tmp_path)
     assert agent("syntax.py", tmp_path).propose(ctx(tmp=root)).description == "added a helper"
 
 
+@pytest.mark.integration
 def test_agent_timeout_kills_the_group(tmp_path):
     root = repo_dir(tmp_path)
     t0 = time.monotonic()
@@ -179,6 +182,7 @@ def test_agent_timeout_kills_the_group(tmp_path):
     until(lambda: sleepers_left(tmp_path) == [], "the agent's sleeping children to be gone")
 
 
+@pytest.mark.integration
 def test_agent_failure_and_flood(tmp_path):
     root = repo_dir(tmp_path)
     (root / "fail.py").write_text("import sys\nprint('no API key')\nsys.exit(3)\n")

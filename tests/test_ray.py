@@ -23,6 +23,8 @@ from autoresearch.session import Loop as ParallelLoop
 
 from test_loop import assert_consistent, cfg, make_repo
 
+pytestmark = pytest.mark.e2e
+
 ray = pytest.importorskip("ray")
 
 # The cluster reports and serves on a loopback address, never the machine's network address. Ray replaces

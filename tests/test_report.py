@@ -284,6 +284,7 @@ def test_grid_plot_draws_val_bpb_against_each_axis_with_seed_error_bars(tmp_path
     assert plots.grid_plot(points, tmp_path / "g.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
+@pytest.mark.integration
 def test_piped_sweep_report_is_a_points_table_and_writes_the_grid_plot(tmp_path):
     led = Ledger(tmp_path / "runs" / "sweep-bb")
     for r in grid_rows():
@@ -331,6 +332,7 @@ def test_missing_and_empty_results_are_one_line_exit_1(tmp_path, monkeypatch, ca
                                         "exist; tags with results: t", "exit_code": 1}
 
 
+@pytest.mark.integration
 def test_piped_report_is_one_line_per_row_and_plain(upstream_repo):
     """Through a pipe (the real console script): no escape codes, no wrapping, however long a description."""
     f = upstream_repo / "runs" / "mar5" / "results.tsv"
@@ -361,6 +363,7 @@ def test_a_corrupt_results_line_is_named_and_the_rest_reported(upstream_repo, mo
     assert "c3d4e5f" not in out and lines[1].split("\t")[0] in out
 
 
+@pytest.mark.e2e
 def test_report_names_a_garbage_line_and_goes_on(tmp_path, prepared_cache):
     root = make_repo(tmp_path)
     s = Loop(cfg(noise=0.002), root, "t", None).run()
@@ -420,6 +423,7 @@ def quick_start_rows() -> list[Row]:
                 "val_bpb 2.699725 is better than the best 2.727349 by 0.027624, within the noise threshold 0.198")]
 
 
+@pytest.mark.integration
 def test_the_best_of_a_run_is_its_best_kept_result_in_report_status_and_journal(tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
@@ -452,6 +456,7 @@ def test_small_token_counts_survive_results_tsv(tmp_path):
     assert rep._tokens(rep.experiment(row, 1)) == "36.9K"
 
 
+@pytest.mark.e2e
 def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, prepared_cache):
     from autoresearch.session import Loop
     from autoresearch.views.status import read_status
@@ -470,6 +475,7 @@ def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, 
     assert got["tag"] == "s" and got["status"]["budget"] is None and got["budgets"] == [0.3], got
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("no_ar_settings")
 def test_report_all_shows_exp_ids_and_tags_oldest_first(tmp_path):
     from autoresearch.ledger import Ledger, Row

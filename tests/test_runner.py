@@ -13,6 +13,8 @@ from autoresearch.runner import RUN_ID_VAR, find_marked, run_training, stop_mark
 
 from fixtures.clocks import ManualClock
 
+pytestmark = pytest.mark.integration
+
 PY = sys.executable
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from autoresearch.ledger import Status, read_results
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch):

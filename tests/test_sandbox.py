@@ -41,6 +41,7 @@ def probe(paths: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.integration
 @needs_landlock
 def test_allow_list_policy_reads_and_writes_only_what_it_names(tmp_path):
     (tmp_path / "secret").mkdir()
@@ -60,6 +61,7 @@ def test_allow_list_policy_reads_and_writes_only_what_it_names(tmp_path):
                    "signal init": "denied" if sandbox.abi_version() >= 6 else "ok"}, r.stdout + r.stderr
 
 
+@pytest.mark.integration
 @needs_landlock
 def test_complement_policy_hides_a_folder_and_a_rename_cannot_leak_it(tmp_path):
     (tmp_path / "data").mkdir()
@@ -80,6 +82,7 @@ def test_complement_policy_hides_a_folder_and_a_rename_cannot_leak_it(tmp_path):
                    "move to repo": "denied"}, r.stdout + r.stderr
 
 
+@pytest.mark.integration
 @needs_landlock
 def test_a_hidden_folder_inside_a_readable_one_stays_unreadable(tmp_path):
     lib = tmp_path / "lib"
@@ -103,6 +106,7 @@ def test_a_hidden_folder_inside_a_readable_one_stays_unreadable(tmp_path):
                    "list test": "ok"}, r.stdout + r.stderr      # names, never contents
 
 
+@pytest.mark.integration
 @needs_landlock
 def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
     marker = f"ar-sandbox-test-{os.getpid()}-{time.time()}"
@@ -116,6 +120,7 @@ def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
           "the daemon the sandboxed code left to be gone")
 
 
+@pytest.mark.e2e
 def test_no_sandbox_refuses_in_one_line_and_unsandboxed_marks_every_result(tmp_path, monkeypatch, prepared_cache):
     import autoresearch.session as loop_mod
     monkeypatch.setattr(loop_mod.sandbox, "available", lambda: (False, "this kernel has no Landlock"))
@@ -161,6 +166,7 @@ def _remove_leftovers() -> None:
     Path(f"/dev/shm/ar-{KEY}").unlink(missing_ok=True)
 
 
+@pytest.mark.integration
 @needs_landlock
 @pytest.mark.parametrize("kind", list(LEAVE))
 def test_nothing_a_sandboxed_run_creates_reaches_the_next(tmp_path, kind):
@@ -182,6 +188,7 @@ def test_isolation_is_said(tmp_path):
     assert why in sandbox.available()[1]
 
 
+@pytest.mark.integration
 @needs_landlock
 @pytest.mark.skipif(os.geteuid() != 0, reason="the supervisor drops root only when it is root")
 def test_a_sandboxed_process_started_as_root_runs_as_nobody_and_writes_its_workspace(tmp_path):

@@ -36,6 +36,7 @@ print("uid", os.getuid())
 """
 
 
+@pytest.mark.integration
 def test_the_shared_ipc_worker_writes_only_its_reference_counts(tmp_path):
     counter = Path(f"/dev/shm/ar-test-{uuid.uuid4().hex[:8]}")
     counter.write_bytes(b"\x00" * 8)

@@ -22,6 +22,8 @@ from autoresearch.slots import Slot
 
 from test_loop import _isolated, assert_consistent, cfg, make_repo  # noqa: F401  (autouse fixture)
 
+pytestmark = pytest.mark.e2e
+
 WAIT = 60.0       # the most a scripted run waits for the test to let it finish (a hang, not a timing)
 
 

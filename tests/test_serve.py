@@ -19,6 +19,8 @@ from autoresearch.events import EventLog
 from autoresearch.ledger import Ledger, Row, Status
 from autoresearch.lock import RepoLock
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -329,6 +329,7 @@ def write_sweep(path: Path, **data) -> Path:
 
 
 
+@pytest.mark.integration
 def test_dry_run_prints_the_plan_in_order_and_runs_nothing(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "sweep-dry.yaml", axes={"LR_MULT": [1.0, 2.0], "TIME_BUDGET": [20, 10]},
                     fixed={"TOTAL_BATCH_SIZE": "2**17"}, overhead_s=5)
@@ -347,6 +348,7 @@ def test_dry_run_prints_the_plan_in_order_and_runs_nothing(repo, tmp_path, monke
     assert [h.name for h in git.Repo(repo).heads] == [git.Repo(repo).active_branch.name]
 
 
+@pytest.mark.integration
 def test_bad_sweep_file_is_one_line_before_anything_runs(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "bad.yaml", axes={"LR": [1.0]})
     code, out, err = ar(["sweep", f, "--repo", repo, "--config", tmp_path / "run.yaml"], monkeypatch, capsys)
@@ -365,6 +367,7 @@ def sweep_rows(repo: Path, tag: str):
     return read_results(repo / "runs" / tag / "results.tsv")
 
 
+@pytest.mark.e2e
 def test_sweep_end_to_end_then_resume_skips_everything(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "sweep-e2e.yaml", axes={"LR_MULT": [1.0, 2.0], "TOTAL_BATCH_SIZE": ["2**17", "2**19"]},
                     fixed={"TIME_BUDGET": 1}, order="listed")
@@ -422,6 +425,7 @@ def to_old_format(results: Path) -> None:
             w.writerow([r[c] for c in OLD_COLUMNS])
 
 
+@pytest.mark.e2e
 def test_an_old_format_sweep_resumes_reports_and_migrates(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "sweep-old.yaml", axes={"LR_MULT": [1.0], "TOTAL_BATCH_SIZE": ["2**17"]},
                     fixed={"TIME_BUDGET": 0.5})
@@ -447,6 +451,7 @@ def test_an_old_format_sweep_resumes_reports_and_migrates(repo, tmp_path, monkey
     assert code == 0 and "sweep old: 2 points (2 done)" in out and "0.5s" in out and "AR_TIME_BUDGET=0.5" in out
 
 
+@pytest.mark.e2e
 def test_early_stop_prunes_the_losers_and_keeps_the_winner(repo, tmp_path, monkeypatch, capsys):
     # the stand-in's loss at progress p is val_bpb + 2(1-p)^2, val_bpb a bowl with its minimum at
     # LR_MULT 1.0 and TOTAL_BATCH_SIZE 2**17: listed first, the winner sets the reference curve
@@ -466,6 +471,7 @@ def test_early_stop_prunes_the_losers_and_keeps_the_winner(repo, tmp_path, monke
     assert rows[0].val_bpb is not None and rows[0].reason.startswith("first result")
 
 
+@pytest.mark.e2e
 def test_halving_leaves_out_the_losers_of_the_smaller_budget(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "sweep-sh.yaml", axes={"LR_MULT": [2.0, 1.0], "TIME_BUDGET": [1.2, 0.6]},
                     fixed={"TOTAL_BATCH_SIZE": "2**17"}, order="cheap-first",
@@ -479,6 +485,7 @@ def test_halving_leaves_out_the_losers_of_the_smaller_budget(repo, tmp_path, mon
     assert "left out LR_MULT=2.0 budget=1.2s: halving: ranked 2 of 2 at budget 0.6s" in out
 
 
+@pytest.mark.e2e
 def test_validate_top_reruns_with_other_seeds_and_calls_ties(repo, tmp_path, monkeypatch, capsys):
     text = (repo / "train.py").read_text().replace("SEED_NOISE = 0.0 ", "SEED_NOISE = 0.01")
     (repo / "train.py").write_text(text)
@@ -502,6 +509,7 @@ def test_validate_top_reruns_with_other_seeds_and_calls_ties(repo, tmp_path, mon
     assert code == 0 and len(sweep_rows(repo, "sweep-val")) == 7
 
 
+@pytest.mark.e2e
 def test_no_other_ar_takes_the_repo_between_a_sweeps_loops(repo, tmp_path):
     """ar sweep holds one lock from its branch to its last run. It used to let go between its branch and its first
     Loop, and between Loops (the validation re-runs): eight `ar run`/`ar sweep` started at once after a kill -9 were
@@ -529,6 +537,7 @@ def test_no_other_ar_takes_the_repo_between_a_sweeps_loops(repo, tmp_path):
     assert result.ran == 3 and len(sweep_rows(repo, "sweep-lk")) == 3
 
 
+@pytest.mark.e2e
 def test_resume_after_kill_9_skips_what_finished_and_runs_nothing_twice(repo, tmp_path, monkeypatch, capsys):
     f = write_sweep(tmp_path / "sweep-kill.yaml", axes={"LR_MULT": [1.0, 2.0, 0.5, 1.5]},
                     fixed={"TIME_BUDGET": 1.5, "TOTAL_BATCH_SIZE": "2**17"})
@@ -562,6 +571,7 @@ def test_resume_after_kill_9_skips_what_finished_and_runs_nothing_twice(repo, tm
     assert [q.starts(s.id) for s in q.all()].count(2) == 1  # the one cut short ran again, only it
 
 
+@pytest.mark.e2e
 def test_a_moved_base_is_refused_and_a_missing_base_comes_from_the_branch(repo, tmp_path, monkeypatch, capsys):
     from autoresearch.config import load_config
     g = git.Repo(repo)
@@ -594,6 +604,7 @@ def git_cmd(root: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
+@pytest.mark.e2e
 def test_sweep_beside_a_running_loop_writes_nothing_before_it_has_the_lock(tmp_path, prepared_cache):
     root = make_repo(tmp_path)
     (root / "sweep.yaml").write_text(yaml.safe_dump({"name": "lr", "axes": {"LR_MULT": [1.0, 2.0]},
@@ -612,6 +623,7 @@ def test_sweep_beside_a_running_loop_writes_nothing_before_it_has_the_lock(tmp_p
         assert refs_after == refs_before                     # no branch was made under the running loop
 
 
+@pytest.mark.e2e
 @pytest.mark.usefixtures("no_ar_settings")
 def test_a_sweep_on_a_dirty_tree_is_refused_before_its_plan_naming_ar_sweep(tmp_path, prepared_cache):
     from test_loop import make_repo

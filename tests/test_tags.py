@@ -23,6 +23,8 @@ from test_lock import holding_the_lock
 from test_loop import cfg, make_repo, no_ar_settings  # noqa: F401  (no_ar_settings: a fixture, asked for by name)
 from fixtures.cli import git, run_ar as ar
 
+pytestmark = pytest.mark.e2e
+
 
 def _first_line(root, **kw) -> tuple[str, Loop]:
     said = []

@@ -8,7 +8,8 @@
 
 The guard: a fast test that starts a process or sleeps fails, saying which marker it needs; an `integration` test
 that runs an ar session fails the same way. With AR_TIERS_RECORD=FILE nothing fails: each test's tier as seen is
-appended to FILE (how the markers were first set)."""
+appended to FILE (how the markers were first set). AR_TESTS_CPU=FILE appends the same lines with the guard on:
+each test's CPU seconds (its own and its reaped children's) tell where the suite's time goes."""
 
 from __future__ import annotations
 
@@ -81,6 +82,18 @@ def pytest_configure(config):
     scheduler.Scheduler.run = run
 
 
+# fixtures wider than a test that start processes (once, in whichever test asks first): every test that asks
+# for one is in that tier, whether or not it was the one that started it
+PROCESS_FIXTURES = {"server": "integration", "cluster": "e2e", "after_baseline": "e2e", "after_honest": "e2e"}
+
+
+def add_fixture_tiers(items) -> None:
+    for item in items:
+        tiers = [PROCESS_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in PROCESS_FIXTURES]
+        if tiers and TIERS.index(max(tiers, key=TIERS.index)) > TIERS.index(marked_tier(item)):
+            item.add_marker(getattr(pytest.mark, max(tiers, key=TIERS.index)))
+
+
 def marked_tier(item) -> str:
     for tier in ("e2e", "integration"):
         if item.get_closest_marker(tier) is not None:
@@ -95,7 +108,7 @@ def pytest_runtest_protocol(item, nextitem):
     cpu0 = _cpu()
     yield
     _test_thread[0] = None
-    record = os.environ.get("AR_TIERS_RECORD")
+    record = os.environ.get("AR_TIERS_RECORD") or os.environ.get("AR_TESTS_CPU")
     if record:         # also the CPU seconds the test and the processes it reaped used: where the suite's time goes
         with open(record, "a") as f:
             f.write(json.dumps({"id": item.nodeid, "tier": TIERS[_seen.get("level", 0)], "what": _seen.get("what"),

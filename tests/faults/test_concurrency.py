@@ -15,6 +15,8 @@ from autoresearch.session import Loop
 
 from .helpers import History, audit, make_repo, poll, reap, spawn_ar, write_cfg
 
+pytestmark = pytest.mark.e2e
+
 SWEEP = """name: c
 axes:
   LR_MULT: [1.0, 2.0]

@@ -21,6 +21,8 @@ from autoresearch.queue import ExperimentQueue
 
 from .helpers import History, agent_cmd, ar_proc, audit, fork_ar, hook_firings, make_repo, write_cfg
 
+pytestmark = pytest.mark.e2e
+
 # point -> the n of AR_FAULT=<point>:<n> to cycle through (a point reached several times per experiment
 # gets larger n, so the kill lands on different experiments and kinds of result)
 PHASES = {

@@ -20,6 +20,8 @@ from autoresearch.queue import ExperimentQueue
 
 from .helpers import History, agent_cmd, audit, fork_ar, make_repo, write_cfg
 
+pytestmark = pytest.mark.e2e
+
 TAG = "t"
 
 

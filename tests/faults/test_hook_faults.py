@@ -10,6 +10,9 @@ from autoresearch.config import RunConfig
 from autoresearch.session import Loop
 
 from .helpers import EVAL_TOKENS, History, audit, hook_firings, make_repo
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 EVENTS = ("run_started", "run_finished", "kept", "reverted", "crashed")
 BROKEN = {"fails": "echo failing; exit 3", "hangs": "sleep 30", "is killed": "kill -9 $$"}

@@ -101,6 +101,7 @@ def sleepers(since: float, root: Path) -> list[psutil.Process]:
     return out
 
 
+@pytest.mark.e2e
 def test_runtime_attacks_are_never_kept_and_an_honest_change_is(hostile, table):
     root, cfg, attack_file, cache, tok = hostile
     t0 = time.time()
@@ -157,6 +158,7 @@ def after_baseline(tmp_path_factory, tiny_dataset) -> Path:
     return root
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("attack", list(AGENT_TIME))
 def test_agent_time_tampering_is_rejected_and_stops_the_loop(after_baseline, tmp_path, monkeypatch, tiny_dataset,
                                                              attack, table):
@@ -218,6 +220,7 @@ def _logs(root: Path) -> str:
                      for p in (d / "train.log", d / "eval.log") if p.is_file())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("attack", list(ROUND2))
 def test_second_round_attacks_are_never_kept(after_honest, tmp_path, monkeypatch, tiny_dataset, attack, table):
     shutil.copytree(after_honest, tmp_path / "repo", symlinks=True)
@@ -240,6 +243,7 @@ def test_second_round_attacks_are_never_kept(after_honest, tmp_path, monkeypatch
     table.add(f"second round: {attack}", trials=len(rows), wrongly_kept=sum(r.status is Status.KEEP for r in rows))
 
 
+@pytest.mark.e2e
 def test_validation_text_rebuilt_from_readable_files_is_not_kept(tmp_path, monkeypatch, table):
     """The `builtin` corpus is the interpreter's own files: replaying the split over them and packing the
     validation rows as the evaluator does must not reach the rows it scores."""
@@ -280,6 +284,7 @@ def _exp_file(root: Path, row, name: str) -> dict:
     return json.loads((root / "runs" / "t" / f"{row.exp_id:04d}-{row.commit}" / name).read_text())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("attack", ["early_data", "pretrain_readable", "stockpile", "slow_start", "long_steps"])
 def test_nothing_trains_outside_ars_window_and_a_slow_start_costs_nothing(after_honest, tmp_path, monkeypatch,
                                                                          tiny_dataset, attack, table):

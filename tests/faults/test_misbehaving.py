@@ -76,6 +76,7 @@ def own_data(tmp_path, monkeypatch, tiny_dataset):
     return own_copies(tmp_path, monkeypatch, tiny_dataset, "own-cache")
 
 
+@pytest.mark.e2e
 def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
     cache, pkg, tok = own_data
     t0 = time.time()
