@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import shutil
+import signal
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,12 @@ import pytest
 from autoresearch.harness import data
 from autoresearch.harness.env import resolve_profile
 from tiers import add_fixture_tiers, marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: F401  (hooks)
+
+
+def pytest_sessionstart(session):
+    """Ctrl-C as a terminal sends it: a suite started in the background by a non-interactive shell inherits SIGINT
+    ignored, and so would every `ar` a test interrupts (they would run on to the end)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
