@@ -12,6 +12,7 @@ import ast
 import math
 import operator
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +25,26 @@ Value = int | float | str | bool | None
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
-_PARSE_LOCK = threading.Lock()
+_PARSE_LOCK = threading.RLock()
+_ast_parse = ast.parse
+
+
+def _one_at_a_time(*args, **kwargs):
+    with _PARSE_LOCK:
+        return _ast_parse(*args, **kwargs)
+
+
+# ast.parse, one thread at a time, in the whole process: before 3.13, CPython keeps the AST conversion's recursion
+# depth in shared state (gh-106905), and two threads converting at once can fail ("AST constructor recursion depth
+# mismatch"). ar's slots are threads, and not only ar parses: the traceback module parses a source line to place
+# its carets, so one slot's error message could fail another slot's train.py check (seen: a slot failed so).
+if sys.version_info < (3, 13):
+    ast.parse = _one_at_a_time
 
 
 def parse_source(text: str, mode: str = "exec") -> ast.AST:
-    """ast.parse, one thread at a time: CPython 3.11 keeps the AST conversion's recursion depth in shared
-    state, and slots parsing train.py in parallel threads can trip it ("AST constructor recursion depth
-    mismatch")."""
-    with _PARSE_LOCK:
-        return ast.parse(text, mode=mode)
+    """ast.parse, one thread at a time (above)."""
+    return _one_at_a_time(text, mode=mode)
 
 
 class _Unsafe(Exception):

@@ -1,5 +1,6 @@
 """knobs.py: reading and rewriting train.py's UPPER_CASE constants, comments and layout kept."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,20 @@ def test_real_train_py_knobs_and_a_one_line_rewrite():
     out = rewrite(text, {"TOTAL_BATCH_SIZE": knobs["TOTAL_BATCH_SIZE"] // 2})
     diff = [(a, b) for a, b in zip(text.splitlines(), out.splitlines()) if a != b]
     assert len(diff) == 1 and diff[0][1].startswith("TOTAL_BATCH_SIZE = 2**")
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="the AST conversion keeps its depth per call from 3.13 on")
+def test_every_ast_parse_in_ars_process_takes_one_lock(monkeypatch):
+    """Slots are threads: before 3.13 two AST conversions at once can fail (a slot failed with "AST constructor
+    recursion depth mismatch" while another thread parsed). ar's own parses and any other module's ast.parse (the
+    traceback module's, placing carets) take the same lock."""
+    import ast
+
+    from autoresearch import knobs
+    held = []
+    real = knobs._ast_parse
+    monkeypatch.setattr(knobs, "_ast_parse", lambda *a, **k: (held.append(knobs._PARSE_LOCK._is_owned()),
+                                                               real(*a, **k))[1])
+    ast.parse("x = 1\n")                               # as any module calls it
+    scan("DEPTH = 8\n")                                # ar's knob block
+    assert held == [True, True]
