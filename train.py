@@ -511,7 +511,8 @@ def fit_device_batch(model: GPT, rows_per_step: int, seq_len: int, backend: str,
 
 def setup_device(env: RunEnv):
     if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        # OMP_NUM_THREADS, when set, caps the threads (a shared machine); else every core
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
         return torch.device("cpu"), "cpu", None
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True

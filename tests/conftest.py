@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import shutil
 import signal
 import sysconfig
@@ -19,9 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.harness import data
+# One torch thread a process: two workers share two cores, and a CPU train.py or evaluator would otherwise take
+# both for its whole window, stealing the other worker's core (the suite is CPU-bound). Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from autoresearch.harness import data  # noqa: E402
 from autoresearch.harness.env import resolve_profile
-from tiers import add_fixture_tiers, marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: F401  (hooks)
+from tiers import add_fixture_tiers, marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: E402,F401  (hooks)
 
 
 def pytest_sessionstart(session):

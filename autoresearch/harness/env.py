@@ -10,7 +10,8 @@ from pathlib import Path
 # What every process of a run keeps from ar's environment besides what the runner sets: the locale, the GPUs
 # visible to the slot, and switches some GPU hosts require to stay set in every process (NVLink multicast off).
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+            "OMP_NUM_THREADS")   # a CPU run's thread cap on a shared machine (train.py and the evaluator's torch)
 
 
 @dataclass(frozen=True)
