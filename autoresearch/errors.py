@@ -1,6 +1,6 @@
 """One error family. Library code raises these; only the CLI catches them and prints one line.
 
-Each class carries its exit code (the README's table): 1 a failure, 2 bad input, 3 the lock is held. The base,
+Each class carries its exit code (the table in docs/usage.md): 1 a failure, 2 bad input, 3 the lock is held. The base,
 ConfigError and DataError are the harness's (harness/errors.py: the harness imports nothing of the runner).
 """
 

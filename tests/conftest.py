@@ -33,6 +33,15 @@ def pytest_sessionstart(session):
     """Ctrl-C as a terminal sends it: a suite started in the background by a non-interactive shell inherits SIGINT
     ignored, and so would every `ar` a test interrupts (they would run on to the end)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    _matplotlib_font_cache()
+
+
+def _matplotlib_font_cache() -> None:
+    """matplotlib builds its font cache on its first import in a new HOME (as CI's), running `fc-list`: built
+    here, before any test, a fast test that draws a plot starts no process."""
+    import matplotlib
+    if not any(Path(matplotlib.get_cachedir()).glob("fontlist-*.json")):
+        import matplotlib.font_manager  # noqa: F401  (builds and saves the cache)
 
 
 @pytest.fixture(scope="session", autouse=True)

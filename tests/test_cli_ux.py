@@ -49,6 +49,17 @@ def ar(*args, env, script=AR, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([script, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
 
 
+def doctor_checks(stdout: str) -> list[str]:
+    """`ar doctor`'s checks, one string each: a check wraps onto lines that start with two spaces."""
+    checks: list[str] = []
+    for ln in stdout.splitlines():
+        if ln.startswith("  ") and checks:
+            checks[-1] += " " + ln.strip()
+        else:
+            checks.append(ln)
+    return checks
+
+
 def on_a_terminal(*args, env) -> str:
     """Run the `ar` script with stdout and stderr on a pseudo-terminal; everything it wrote."""
     leader, follower = pty.openpty()
@@ -123,11 +134,11 @@ def test_doctor_warns_when_another_ar_comes_first_on_path(tmp_path, env):
     (fake / "ar").chmod(0o755)
     r = ar("doctor", "--repo", tmp_path, env={**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"},
            script=AUTORESEARCH)
-    line = next(ln for ln in r.stdout.splitlines() if "ar on PATH" in ln)
+    line = next(ln for ln in doctor_checks(r.stdout) if "ar on PATH" in ln)
     assert line.startswith(f"! ar on PATH the first `ar` on PATH is {fake / 'ar'} (GNU ar (GNU Binutils) 2.40)")
     assert "run `autoresearch` instead" in line
     r = ar("doctor", "--repo", tmp_path, env=env)  # this installation's ar first: no warning
-    assert f"✓ ar on PATH {SCRIPTS / 'ar'}" in r.stdout
+    assert f"✓ ar on PATH {SCRIPTS / 'ar'}" in doctor_checks(r.stdout)
 
 
 # ------------------------------------------------------------------------------------ 3. pipes, NO_COLOR, --no-color
@@ -141,7 +152,7 @@ def test_piped_output_is_plain_and_unwrapped(tmp_path, env):
     rows = [ln for ln in r.stdout.splitlines() if long.strip() in ln]
     assert [ln.split("\t")[0] for ln in rows] == ["1", "2"]          # one line per row, however long
     r = ar("doctor", "--repo", tmp_path, env=env)
-    assert "\x1b" not in r.stdout + r.stderr and all(ln[:2] in ("✓ ", "! ", "✗ ") for ln in r.stdout.splitlines())
+    assert "\x1b" not in r.stdout + r.stderr and all(ln[:2] in ("✓ ", "! ", "✗ ") for ln in doctor_checks(r.stdout))
 
 
 @pytest.mark.integration
@@ -233,10 +244,10 @@ def test_user_gpu_table_overrides_and_extends_and_doctor_names_it(tmp_path, env)
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert r.stdout.split() == ["777.0", "1000.0", "209.5"], r.stderr
     r = ar("doctor", "--repo", tmp_path, env=env)
-    assert f"✓ gpu table  the packaged table with 2 row(s) from {user}" in r.stdout
+    assert f"✓ gpu table  the packaged table with 2 row(s) from {user}" in "\n".join(doctor_checks(r.stdout))
     user.write_text("- {name: Future X1, match: [future, x1\n  tflops: 777}\n")
     r = ar("doctor", "--repo", tmp_path, env=env)
-    line = next(ln for ln in r.stdout.splitlines() if "gpu table" in ln)
+    line = next(ln for ln in doctor_checks(r.stdout) if "gpu table" in ln)
     assert line.startswith(f"✗ gpu table  GPU table {user}: not valid YAML at line 2") and "Traceback" not in r.stderr
 
 

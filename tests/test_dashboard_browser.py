@@ -4,7 +4,7 @@ loop adding results while the page is open.
 
 The page loads; the running experiment shows; a new result appears without a reload; a click opens its diff;
 an agent's description full of HTML stays text. The screenshot goes to the test's folder, and also to
-$AR_DASHBOARD_SCREENSHOT when set (docs/dashboard.png in the README was taken that way). Skipped, saying
+$AR_DASHBOARD_SCREENSHOT when set (docs/dashboard.png, shown in docs/dashboard.md, was taken that way). Skipped, saying
 why, only where no Chromium is installed.
 """
 

@@ -2,7 +2,12 @@
 choice and budget with injected timings and losses (no GPU needed)."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import sysconfig
+import tempfile
 import textwrap
 from collections import namedtuple
 from dataclasses import replace
@@ -15,6 +20,7 @@ from typer.testing import CliRunner
 from autoresearch.views import doctor as dr
 from autoresearch.views import probe as pr
 from autoresearch.cli import app
+from autoresearch.cli import doctor as cli_doctor
 from autoresearch.errors import DataError
 from autoresearch.harness import backend
 
@@ -287,6 +293,38 @@ def test_cli_doctor_on_this_machine(tmp_path):
     result = runner.invoke(app, ["doctor", "--repo", str(tmp_path), "--probe", "--json"])
     if not dr.torch_facts().cuda_available:
         assert json.loads(result.stdout)["probe"] == {"skipped": dr.NO_GPU}
+
+
+def test_a_long_check_wraps_under_its_detail_and_loses_nothing():
+    long = dr.check_sandbox((True, "Landlock ABI 7; " + "each sandboxed process gets its own namespace; " * 3),
+                            ("namespaces", "namespaces"))
+    cpu = dr.check_cuda(CPU_FACTS)                                         # a detail and a fix, both long
+    for c in (long, cpu, dr.check_python((3, 11, 7))):
+        lines = cli_doctor.check_lines(c)
+        assert all(len(text) + (1 if text and dim else 0) + len(dim) <= 78 for text, dim in lines), lines
+        joined = " ".join(" ".join(part.strip() for part in ln if part) for ln in lines)
+        assert " ".join(joined.split()) == " ".join(f"{c.name} {c.detail} → {c.fix}".split()).removesuffix(" → None")
+    assert len(cli_doctor.check_lines(dr.check_python((3, 11, 7)))) == 1        # a short one stays one line
+    assert cli_doctor.check_lines(cpu)[-1][1].lstrip().endswith("whl/cu128)")    # the fix last, dim
+
+
+@pytest.mark.integration
+def test_piped_doctor_fits_80_columns():
+    """`ar doctor | cat` with COLUMNS unset: every line ≤ 80 columns. The workspace and the cache lie under a
+    short folder, as ~/myrun does (a path is never cut, and pytest's own temporary paths are long)."""
+    short = Path(tempfile.mkdtemp(prefix="ar-"))                          # /tmp/ar-XXXXXXXX
+    make_repo(short / "ws")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR")}
+    try:
+        r = subprocess.run([sys.executable, "-m", "autoresearch", "doctor"], cwd=short / "ws", capture_output=True,
+                           text=True, env={**env, "AR_CACHE": str(short / "cache")}, timeout=120)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and "✓ python" in r.stdout and "\x1b" not in r.stdout, r.stdout + r.stderr
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
+    if not dr.torch_facts().cuda_available:                              # the CPU machine's long cuda line, wrapped
+        assert any(ln.startswith("! cuda ") for ln in lines) and any(ln.lstrip().startswith("→") for ln in lines)
 
 
 @pytest.mark.integration

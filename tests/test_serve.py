@@ -137,7 +137,7 @@ def test_serve_state_diff_and_live_push(tmp_path, served):
         assert kind == "status" and doc["state"] == "running" and doc["experiment"]["id"] == 5
     kind, doc = next(stream)       # the lock is given back without a stop: a kill -9, as the page must see it
     assert kind == "status" and doc["state"] == "stopped" and doc["experiment"] is None
-    assert s.stop() == 130 and "Traceback" not in s.p.stderr.read()       # Ctrl-C: 130, the README's code
+    assert s.stop() == 130 and "Traceback" not in s.p.stderr.read()       # Ctrl-C: 130, the exit code in docs/usage.md
 
 
 def test_serve_beyond_loopback_needs_the_token(tmp_path, served):

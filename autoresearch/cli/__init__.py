@@ -1,9 +1,9 @@
 """The `ar` command line: thin Typer commands over the library. Only this package prints with Rich.
 
 Every ArError raised below a command becomes one line on stderr (one JSON object on stdout with --json) and
-the exit code of the table in the README: 0 ok, 1 failure, 2 usage or bad input, 3 lock held, 130 interrupted.
+the exit code of the table in docs/usage.md: 0 ok, 1 failure, 2 usage or bad input, 3 lock held, 130 interrupted.
 No traceback. On a terminal the output is coloured and wrapped to its width; into a pipe or a file it is
-plain, unwrapped lines; NO_COLOR or --no-color: no escape codes at all.
+plain, unwrapped lines (`ar doctor`'s checklist wraps at 80 columns); NO_COLOR or --no-color: no escape codes at all.
 """
 
 from __future__ import annotations

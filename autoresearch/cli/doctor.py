@@ -9,6 +9,7 @@ so in one line and adds nothing to the exit code (there is no backend to choose:
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -22,6 +23,8 @@ from ..config import load_config
 from ..workspace import init_workspace
 
 SYMBOL = {dr.OK: "[green]✓[/]", dr.WARN: "[yellow]![/]", dr.FAIL: "[red]✗[/]"}
+CHECKLIST_WIDTH = 80  # the checklist's widest line, in a pipe too: a terminal's default width
+NAME = 11  # the check's name and a space; continuation lines start under the detail
 
 
 @app.command()
@@ -68,10 +71,31 @@ def init(
                   soft_wrap=True)
 
 
+def check_lines(c: dr.Check, width: int = CHECKLIST_WIDTH) -> list[tuple[str, str]]:
+    """One check as lines of at most `width` columns once the symbol and a space lead the first: each line is
+    (plain text, dim text). The name and the detail come first, then the fix after "→" (dim): on the detail's
+    last line when it fits there, else on lines of its own. Words are never cut (a path stays whole, so a
+    path longer than a line overflows it); joined with spaces the lines give the one-line text back."""
+    room = width - 2  # "✓ " leads every line (continuations: two spaces)
+    wrap = lambda text, first, rest: textwrap.wrap(text, room, initial_indent=first, subsequent_indent=rest,  # noqa: E731
+                                                   break_long_words=False, break_on_hyphens=False)
+    lines = [(ln, "") for ln in wrap(c.detail, f"{c.name:<10} ", " " * NAME) or [f"{c.name:<10}"]]
+    if not c.fix:
+        return lines
+    fix = f"→ {c.fix}"
+    if len(lines[-1][0]) + 1 + len(fix) <= room:
+        lines[-1] = (lines[-1][0], fix)
+        return lines
+    return lines + [("", ln) for ln in wrap(fix, " " * NAME, " " * (NAME + 2))]
+
+
 def _print_checks(checks: list[dr.Check]) -> None:
+    width = min(console.width, CHECKLIST_WIDTH)  # a narrower terminal: its width
     for c in checks:
-        fix = f" [dim]→ {escape(c.fix)}[/]" if c.fix else ""
-        console.print(f"{SYMBOL[c.state]} {c.name:<10} {escape(c.detail)}{fix}", highlight=False, soft_wrap=True)
+        for i, (text, dim) in enumerate(check_lines(c, width)):
+            lead = f"{SYMBOL[c.state]} " if i == 0 else "  "
+            tail = f"{' ' if text else ''}[dim]{escape(dim)}[/]" if dim else ""
+            console.print(f"{lead}{escape(text)}{tail}", highlight=False, soft_wrap=True)
 
 
 def _short(text: str, width: int = 90) -> str:

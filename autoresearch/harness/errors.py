@@ -1,7 +1,7 @@
 """The harness's errors: the base of the one error family every part of ar raises (errors.py adds the runner's
 own). Here because the harness imports nothing outside harness/; the CLI prints any of them in one line.
 
-Each class carries its exit code (the README's table): 1 a failure, 2 bad input.
+Each class carries its exit code (the table in docs/usage.md): 1 a failure, 2 bad input.
 """
 
 
