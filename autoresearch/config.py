@@ -62,6 +62,10 @@ class RunConfig:
     # deciding
     noise: float | None = None             # keep only when val_bpb beats the best by more than this
     confirm_new_best: bool = False         # re-run a would-be new best with another seed before keeping it
+    keep_rule: str = "sequential"          # sequential: a candidate runs until its evidence decides (decide.py),
+                                           # once the tag's noise is measured; single: one run past the threshold
+    false_keep: float = 0.05               # sequential: the share of changes gaining nothing that are kept anyway
+    min_gain: float = 0.0                  # sequential: a keep beats the best by this much (the objective's unit)
     min_mfu: float | None = None           # degraded floors (percent, tokens/s), checked after warm-up
     min_tokens_per_s: float | None = None
     degraded_warmup_steps: int = 10
@@ -154,7 +158,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be positive, not {value}")
         return value
     if key in ("time_budget", "startup_allowance", "eval_allowance", "eval_prestart", "noise", "min_mfu", "min_tokens_per_s",
-               "agent_timeout", "hook_timeout", "max_log_mb", "max_usd", "max_hours"):
+               "min_gain", "agent_timeout", "hook_timeout", "max_log_mb", "max_usd", "max_hours"):
         if isinstance(value, bool) or not isinstance(value, num) or not math.isfinite(value):
             raise ConfigError(f"{where} must be a finite number, not {value!r}")
         if value < 0 or (value == 0 and key in ("time_budget", "agent_timeout", "hook_timeout", "max_log_mb",
@@ -185,8 +189,13 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         value = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         parse_gpus(value, probe=False, where=where)
         return value
-    if key in ("stale_policy", "executor"):
-        choices = ("rerun", "record") if key == "stale_policy" else ("local", "ray")
+    if key == "false_keep":
+        if isinstance(value, bool) or not isinstance(value, num) or not 0 < value < 0.5:
+            raise ConfigError(f"{where} must be a share between 0 and 0.5 (0.05: one in twenty), not {value!r}")
+        return float(value)
+    if key in ("stale_policy", "executor", "keep_rule"):
+        choices = {"stale_policy": ("rerun", "record"), "executor": ("local", "ray"),
+                   "keep_rule": ("sequential", "single")}[key]
         if value not in choices:
             raise ConfigError(f"{where} must be {' or '.join(choices)}, not {value!r}")
         return value

@@ -7,7 +7,8 @@ What a proposer says about its change (the description) is shown as its idea, la
 cut to one line of at most IDEA_MAX characters; outcomes and lessons come from the records alone.
 
 - near miss: not kept, and val_bpb within the noise threshold of the best it was measured against (the best
-  kept before it): a candidate to combine with another change or to re-test;
+  kept before it), or, decided on several runs, not worse but not shown better ("not yet decided"): a
+  candidate to combine with another change or to re-test;
 - dead end: worse than that best by more than the noise, or a crash/timeout/degraded run; grouped by idea
   (the knobs it moved and which way, else the functions its diff touches);
 - plateau: `since_keep` proposals in a row without a keep; from `plateau_after` on the agent's prompt
@@ -242,10 +243,20 @@ def _lesson(e: Entry, row: Row, noise: float) -> str:
         return clean_text(row.reason, 140) or "no score"
     if e.delta < -noise:     # a win not kept (the hold-out slice, a stale parent, a failed confirmation)
         return "beat the best but was not kept: " + clean_text(row.reason, 140)
+    if e.near_miss and undecided_by_evidence(row.reason):
+        return ("not yet decided: its runs did not settle it either way (not worse); combine it with another "
+                "change or re-test it")
     if e.near_miss:
         return (f"near miss: within the noise ({noise:g}) of the best; combine it with another change or "
                 "re-test it")
     return f"dead end: {e.delta:+.6f} against the best, beyond the noise ({noise:g}); do not try it again"
+
+
+def undecided_by_evidence(reason: str) -> bool:
+    """A sequential decision (decide.SequentialRule) that discarded a candidate because its runs ran out or the
+    best moved, not because it was worse: a near miss, not a dead end."""
+    return reason.startswith("discarded: ") and ("under the bar" in reason or "the best changed" in reason
+                                                 or "failed (" in reason)
 
 
 def build(rows: list[Row], *, tag: str, source: str, noise: float, noise_source: str,
@@ -267,8 +278,11 @@ def build(rows: list[Row], *, tag: str, source: str, noise: float, noise_source:
                   lesson="", group=group, delta=None if delta is None else round(delta, 6),
                   reason=clean_text(row.reason, 300))
         ran = row.status in TRIED and row.status is not Status.KEEP
-        e.near_miss = ran and delta is not None and abs(delta) <= noise and row.status is not Status.STALE
-        e.dead_end = (ran and delta is not None and delta > noise) or row.status in FAILED
+        undecided = ran and undecided_by_evidence(row.reason)
+        e.near_miss = undecided or (ran and delta is not None and abs(delta) <= noise and row.status is not Status.STALE
+                                    and not row.reason.startswith("discarded: "))
+        e.dead_end = (ran and not undecided and delta is not None and
+                      (delta > noise or row.reason.startswith("discarded: "))) or row.status in FAILED
         e.outcome = row.status.value + ("" if row.val_bpb is None else f" {row.val_bpb:.6f}") + (
             "" if delta is None else f" ({delta:+.6f} vs best)")
         e.lesson = _lesson(e, row, noise)

@@ -59,7 +59,7 @@ from .queue import ExperimentQueue, Spec
 from .request import RunRequest
 from .slots import Slot, turns_on_one_gpu
 from .executors.local import InlineExecutor
-from .experiment import evaluate, settle
+from .experiment import evaluate, measure, settle
 from .experiment.context import Event, Experiment, SlotContext
 from .files import write_json
 from .scheduler import Scheduler, file_error, make_executor, session_id
@@ -88,7 +88,9 @@ class Loop:
     def __init__(self, cfg: RunConfig, repo: str | Path, tag: str | None = None, proposer: Proposer | None = None,
                  *, on_event: Callable[[Event], None] | None = None, monitor_factory: Callable[[Spec], Monitor] |
                  None = None, baseline: bool = True, calibrate_noise: int = 0, command: str = "ar run", executor=None,
-                 lock: RepoLock | None = None):
+                 lock: RepoLock | None = None, require_noise: bool = False):
+        """`require_noise`: refuse to decide on the default threshold (`ar run`): a tag with no measured noise
+        and no configured one must calibrate first."""
         self.cfg, self.proposer, self.monitor_factory = cfg, proposer, monitor_factory
         self.executor = executor or make_executor(cfg)
         self.git = GitRepo(repo)
@@ -108,6 +110,11 @@ class Loop:
         self.branch = branch_name(self.tag)
         self.paths = RunsLayout(self.root).tag(self.tag)
         self.tag_dir = self.paths.dir
+        configured = cfg.noise is not None or cfg.objective.noise is not None or cfg.objective.noise_share is not None
+        if require_noise and calibrate_noise < 2 and not configured and not self.paths.noise.exists():
+            raise ConfigError(f"--calibrate-noise {calibrate_noise} leaves tag {self.tag} without a measured noise, "
+                              "and a keep would rest on an invented threshold: drop the flag (3 runs of the "
+                              "baseline measure it), or set noise: in the config")
         self.say(self._first_line(self.choice))
         # the repo lock; a caller that holds it across several Loops (ar sweep) lends it, and keeps it between them
         self._owns_lock = lock is None
@@ -235,7 +242,9 @@ class Loop:
             self.say(f"keep threshold {obj.noise_share:.1%} of the best {obj.name} (objective.noise)")
         else:
             noise, source = (obj.noise, "objective.noise") if obj.noise is not None else (self.noise, source)
-            self.say(f"keep threshold {noise:g} {obj.name} ({source})")
+            said = measure.describe(self)
+            self.say(said or f"keep threshold {noise:g} {obj.name} ({source})")
+            measure.top_up(self)   # a tag calibrated before: its best re-measured if it has too few runs
 
     def _check_data(self, rows: list[Row], pin: bool = True) -> None:
         """The tag's results were scored on one validation split: refuse another (a cache prepared again with a
@@ -537,7 +546,7 @@ def check_repo(repo: str | Path) -> Path:
 
 
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
-          calibrate_noise: int = 0, command: str = "ar run") -> Loop:
+          calibrate_noise: int = 0, command: str = "ar run", require_noise: bool = False) -> Loop:
     """The loop `ar run` runs: proposer, profile and data chosen from the config, each default said in one line."""
     from .proposers import make_proposer
     say = (lambda m: on_event(Event("info", m))) if on_event else (lambda m: None)
@@ -555,7 +564,8 @@ def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event:
             and resolve_profile(None if cfg.profile == "auto" else cfg.profile).name == "gpu"):
         turns = turns_on_one_gpu()     # an agent on one GPU: two slots take turns, the agent thinks meanwhile
         cfg = dataclasses.replace(cfg, gpus=turns) if turns else cfg
-    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command)
+    loop = Loop(cfg, repo, tag, proposer, on_event=on_event, calibrate_noise=calibrate_noise, command=command,
+                require_noise=require_noise)
     if turns:
         say(f"one GPU and an agent: two slots take turns on GPU {turns.split(',')[0]} (--gpus {turns}), so the "
             f"agent proposes and the last run is scored while the GPU trains; --gpus {turns.split(',')[0]} for "

@@ -215,8 +215,9 @@ def test_the_quick_start_in_a_new_workspace(tmp_path, prepared_cache):
     set_knobs(ws / "train.py", {"TOTAL_BATCH_SIZE": 2**15})
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "small steps"], cwd=ws,
                    check=True)
+    (tmp_path / "noise.yaml").write_text("noise: 0.05\n")   # a stated threshold: no calibration runs here
     r = subprocess.run([sys.executable, "-m", "autoresearch", "run", "--max-experiments", "2", "--time-budget", "3",
-                        "--calibrate-noise", "0"], cwd=ws, capture_output=True, text=True, timeout=540,
+                        "--config", str(tmp_path / "noise.yaml")], cwd=ws, capture_output=True, text=True, timeout=540,
                        env={k: v for k, v in os.environ.items() if k != "AR_PROFILE"})
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "Traceback" not in out, out[-3000:]

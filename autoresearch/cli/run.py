@@ -119,7 +119,7 @@ def run(
     check_gpu_table()  # a broken override file: exit 2 now, not a crash of the first GPU experiment
     view = LiveView()
     loop = build(cfg, repo, tag=tag, on_event=view, calibrate_noise=calibrate_noise,
-                 command="ar " + " ".join(sys.argv[1:]))
+                 command="ar " + " ".join(sys.argv[1:]), require_noise=True)
     with view.live:
         summary = loop.run(cfg.max_experiments, cfg.max_hours)
     view.finish(summary)
@@ -152,6 +152,10 @@ def status(repo: Annotated[Path, typer.Option(help="The git repo holding train.p
         console.print(f"best: {_bpb(b['val_bpb'])} {metric} at {b['commit']} ({b['description']})" if b else
                       "best: none yet", highlight=False)
         console.print(f"results: {counts} (runs/{st['tag']}/results.tsv)", highlight=False)
+        s = st["status"] or {}
+        if s.get("sigma"):   # what the session can see (experiment/measure.py)
+            console.print(f"noise: σ {s['sigma']:.6f} a run; a gain of {s['detectable']:.6f} is kept 4 times in 5, "
+                          f"one of nothing at most {s['false_keep']:.0%} of the time", highlight=False)
 
 
 def _holder_line(st: dict) -> str:

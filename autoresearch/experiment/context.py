@@ -58,6 +58,10 @@ class Experiment:
     has_checkpoint: bool = False
     agent_usage: Usage | None = None              # what the proposal's agent spent (recorded even when refused)
     trusted_code: bool = False                    # the user's commit or ar's knob edits of it (compile_cache.py)
+    runs: list[float] = field(default_factory=list)   # each counted run's value (measure.py: several when asked)
+    seeds: list[int] = field(default_factory=list)    # ar's seed for each of them
+    fixed_seed: bool = False                      # different seeds gave the same value: train.py sets its own
+    run_failed: str | None = None                 # why a later run did not count
 
 
 @dataclass

@@ -333,7 +333,9 @@ class TrainingRun:
                   "last_step": t0 + self.steps[-1] if self.steps else None,
                   "window_end": feed.deadline if feed is not None else None,
                   "feed_batches": feed.batches if feed is not None else 0,
-                  "feed_refused": feed.refused if feed is not None else 0}
+                  "feed_refused": feed.refused if feed is not None else 0,
+                  "feed_tokens": feed.tokens_served if feed is not None else 0,     # ar's count: epochs trained
+                  "train_tokens": len(feed.tokens) if feed is not None else 0}
         used, _, why = self.start_cost
         return TrainOutcome(result, opened_at - t0 if opened_at is not None else None, v.trained, v.interval,
                             v.over, self.req.sandbox, started_at=t0, window_start=opened_at,

@@ -23,7 +23,7 @@ from ..proposers import Context, Proposal, ProposalFailed
 from ..proposers.search import describe_change
 from ..repeats import built_config, find_repeat
 from ..executors.local import clean_worktree
-from . import settle
+from . import clock, measure, settle
 from ..files import write_json
 from .context import Experiment, Outcome, SlotContext, safe_knobs
 
@@ -274,4 +274,33 @@ def _train_and_classify(lp, ctx: SlotContext, x: Experiment):
                                                    "description": x.description, "time_budget": budget})
     result, stopped_by = lp.executor.train(lp, ctx, x, budget, seed)                     # 5
     status, reason, m = settle.classify(lp, ctx, x, result, stopped_by, budget)          # 6
+    if status is None and spec.kind in ("propose", "knobs", "commit") and not spec.payload.get("sweep") and not \
+            _short(lp, x, budget):                                                     # a sweep validates its own
+        measure.more_runs(lp, ctx, x, m, budget, seed, lambda s, n: _run_again(lp, ctx, x, budget, s, n))
+        if x.tampered:
+            status, reason = Status.CRASH, x.tampered
     return result, status, reason, m, budget, seed
+
+
+def _short(lp, x: Experiment, budget: float) -> str | None:
+    """Why x's training window was too short to count (settle decides on it alone); a command has no window."""
+    if lp.cfg.objective.custom or x.outcome is None:
+        return None
+    return clock.short_window_note(x.outcome.window, budget)
+
+
+def _run_again(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, n: int) -> tuple[float | None, str]:
+    """Run n of x (the sequential rule asked for it): its value, or None and why it does not count. The first
+    run's facts stay on x (the row shows them); this run's files get a -run<n> suffix."""
+    first = (x.outcome, x.verdict, x.has_checkpoint, x.mfu, x.wall)
+    names = measure.rename_run(x.exp_dir, n)
+    try:
+        result, stopped_by = lp.executor.train(lp, ctx, x, budget, seed)
+        status, why, m = settle.classify(lp, ctx, x, result, stopped_by, budget)
+        short = _short(lp, x, budget)
+    finally:
+        x.outcome, x.verdict, x.has_checkpoint, x.mfu, x.wall = first
+        measure.put_back(x.exp_dir, names, n)
+    if status is not None:
+        return None, f"{status.value}: {why}"
+    return (None, short) if short else (m.val_bpb, "")

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from .. import faults
-from ..decide import decide, noise_from_repeats
+from ..decide import Decision, decide, noise_from_repeats
 from ..gitops import short
 from ..harness import gpus
 from ..harness.env import default_cache
@@ -23,7 +23,7 @@ from ..ledger import Row, Status, now_iso
 from ..metrics import parse_log_file, recompute_mfu
 from ..repeats import built_config, same_build
 from ..runner import STOP_INTERRUPTED
-from . import clock
+from . import clock, measure
 from ..files import write_json
 from .context import Event, Experiment, SlotContext
 
@@ -84,6 +84,9 @@ def stale_win(lp, x: Experiment, status: Status | None, m) -> str | None:
     """Why x would be kept although its parent is no longer the best (another slot's win came first)."""
     if status is not None or x.spec.kind in ("rerun", "baseline") or x.parent == lp.best_sha:
         return None
+    step = measure.judge(lp, x)
+    if step is not None:
+        return step.reason if step.action == "keep" else None
     best = lp.ledger.best_kept()
     d = _decide(lp, best.val_bpb if best else None, m.val_bpb)
     return d.reason if d.keep else None
@@ -123,7 +126,11 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
             reason = f"{reason}; {x.outcome.window_note}"
     elif status is None:                                                              # 7
         best = lp.ledger.best_kept()
-        d = _decide(lp, best.val_bpb if best else None, m.val_bpb)
+        step = measure.judge(lp, x)       # several runs against the best's mean, or (None) one run past a threshold
+        d = _decide(lp, best.val_bpb if best else None, m.val_bpb) if step is None else \
+            Decision(step.action == "keep", step.reason)
+        if step is not None:
+            measure.record(lp, x, step)
         status, reason = (Status.KEEP if d.keep else Status.DISCARD), d.reason
         same = same_build(lp.exp_dir_of(best), best.knobs, x.exp_dir, x.knobs) if d.keep and best else None
         if same:
@@ -131,22 +138,36 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
         elif d.keep and best is not None and not _holds_out(lp, x.sha, best.commit):
             status, reason = Status.DISCARD, f"{d.reason}, but the gain did not hold on the private hold-out slice"
         speed = _throughput_ratio(lp, x, best, m) if status is Status.KEEP and best is not None else None
-        if status is Status.KEEP and best is not None and (lp.cfg.confirm_new_best or speed):
+        if status is Status.KEEP and best is not None and step is None and (lp.cfg.confirm_new_best or speed):
             status, reason = _confirm(lp, x, best.val_bpb, m.val_bpb, budget, seed)
             if speed:
                 reason = f"the same model as the best ran at {speed:.1f}x its tokens/s, so {reason}"
         late = x.outcome.window_note if x.outcome is not None else None
         if late:
             reason = f"{reason}; {late}"
-    slow = _slow_transfer(x)
-    if slow:
-        reason = f"{reason}; {slow}"
+    for note in (_slow_transfer(x), epochs_note(x)):
+        if note:
+            reason = f"{reason}; {note}"
     faults.point("decide")
     if status is Status.KEEP:
         lp.best_sha = x.sha
     lp.git.reset_hard(lp.best_sha)   # inline: HEAD is there already when kept; from a slot: the branch moves
     faults.point("revert")
-    return record_as(lp, x, status, m=m, reason=reason)                                 # 8, 9
+    row = record_as(lp, x, status, m=m, reason=reason)                                  # 8, 9
+    if status is Status.KEEP:
+        measure.top_up(lp)           # the new best's mean from unselected runs too
+    return row
+
+
+def epochs_note(x: Experiment) -> str | None:
+    """A window that served more than one epoch of the training split (ar's feed counts it): on repeated data
+    seeds spread far more widely, and a gain is hard to tell from one."""
+    p = x.outcome.phases if x.outcome is not None else {}
+    served, split = p.get("feed_tokens") or 0, p.get("train_tokens") or 0
+    if not split or served <= split:
+        return None
+    return (f"its window trained {served / split:.1f} epochs of the {split / 1e6:.1f} M-token training split: "
+            "results on repeated data spread widely; use a bigger corpus or a shorter budget")
 
 
 def _slow_transfer(x: Experiment) -> str | None:
@@ -218,6 +239,10 @@ def record(lp, x: Experiment, row: Row) -> Row:
     lp.emit(Event("result", row.reason, spec=x.spec, row=row))
     if x.spec.payload.get("calibrate") and not any(s.payload.get("calibrate") for s in lp.queue.pending()):
         finish_calibration(lp)
+        measure.top_up(lp)
+        said = measure.describe(lp)
+        if said:
+            lp.say(said)
     return row
 
 

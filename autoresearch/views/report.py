@@ -12,6 +12,7 @@ one per point, its seeds pooled into a mean and a spread, and a grid plot of val
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import statistics
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ def experiment(row, index: int) -> dict:
     d["sweep"] = dict(getattr(row, "sweep", None) or {})
     d["index"] = index
     return {k: _clean(v) for k, v in d.items()}
+
+
+_EVIDENCE = re.compile(r"(?:kept|discarded): (\S+ \S+ over \d+ runs? .*)")   # a sequential decision's reason
 
 
 def window_note(e: dict) -> str | None:
@@ -302,6 +306,11 @@ def sections(report: dict) -> list[Section]:
         out.append(Section(f"top {len(top)} of {n} experiments ({counts}) — {', '.join(report['tags'])}",
                            ("#", *(("tag",) if several else ()), "commit", metric, "MFU", "tokens", "steps",
                             "trained", "budget", "status", "description"), top))
+    several_runs = [(_number(e), e["commit"][:7], e["status"], m.group(1)[:220]) for e in report["experiments"]
+                    if (m := _EVIDENCE.search(e.get("reason") or ""))]
+    if several_runs:       # experiment/measure.py: each decision's runs and evidence, as its row gives them
+        out.append(Section("keep decisions on the evidence of several runs (runs/<tag>/<exp>/decision.json)",
+                           ("#", "commit", "status", "evidence"), several_runs))
     short = [(_number(e), e["commit"][:7], note) for e in report["experiments"] if (note := window_note(e))]
     if short:
         out.append(Section("training windows shorter than the budget", ("#", "commit", "why"), short))

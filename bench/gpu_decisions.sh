@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The keep decision on a GPU (issue: decisions with power). One call on the GPU host, from the repo root:
+#   BUDGET=15 bash bench/gpu_decisions.sh
+# `ar init` workspace, builtin-site corpus, the baseline handicapped (each step sleeps 15 % of its own time,
+# so it is 15 % slower per step), the noise calibrated (3 runs), then a scripted agent proposes six near-null
+# edits of LR_MULT (1.005, 0.995, 1.01, 0.99, 1.02, 0.98) and then the real improvement (the handicap removed).
+# Expected: no near-null edit kept; the improvement kept. Two slots on one GPU (--gpus 0,0).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-15}; LIMIT=${LIMIT:-480}
+t0=$(date +%s)
+if [[ -z ${SKIP_INSTALL:-} ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+fi
+date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+export AR_CACHE=/tmp/arcache
+python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
+echo "setup: $(( $(date +%s) - t0 )) s"
+REPO=$PWD
+ws=/tmp/ws-dec; rm -rf "$ws"
+python3 -m autoresearch init "$ws" >/dev/null
+cd "$ws"
+python3 - <<'PY'
+from pathlib import Path
+p = Path("train.py"); s = p.read_text()
+old = "            dt = time.time() - t0\n"
+assert s.count(old) == 1
+p.write_text(s.replace(old, "            time.sleep(0.15 * (time.time() - t0))           # HANDICAP: 15 % slower steps\n" + old))
+PY
+git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped: each step 15 % slower"
+printf 'dataset: builtin-site\n' > ar.yaml
+start=$(date +%s)
+timeout -s INT "$LIMIT" python3 -m autoresearch run --tag dec --max-experiments 14 --time-budget "$BUDGET" \
+    --config ar.yaml --gpus 0,0 --agent "python3 $REPO/bench/agents/near_null_agent.py {prompt_file}" > "$OUT/dec.log" 2>&1
+echo "ar run: $(( $(date +%s) - start )) s"
+grep -E "^noise|^[0-9]{4} " "$OUT/dec.log" | cut -c1-400
+cp runs/dec/results.tsv "$OUT/results.tsv"
+python3 - <<'PY' | tee "$OUT/decisions.md"
+import json
+from pathlib import Path
+from autoresearch.ledger import read_results
+rows = read_results(Path("runs/dec/results.tsv"))
+print("| exp | what | decision | runs | mean | z / bar |")
+print("| --- | --- | --- | --- | --- | --- |")
+for r in rows:
+    d = Path(f"runs/dec/{r.exp_id:04d}-{r.commit}/decision.json")
+    doc = json.loads(d.read_text()) if d.exists() else {}
+    runs = " ".join(f"{v:.4f}" for v in doc.get("runs", [r.val_bpb] if r.val_bpb else []))
+    zb = f"{doc['z']:.2f} / {doc['bar']:.2f}" if doc.get("z") is not None else ""
+    print(f"| {r.exp_id} | {r.description[:50]} | {r.status.value} | {runs} | "
+          f"{'' if r.val_bpb is None else f'{r.val_bpb:.4f}'} | {zb} |")
+PY
