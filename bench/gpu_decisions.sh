@@ -3,7 +3,8 @@
 #   BUDGET=15 bash bench/gpu_decisions.sh
 # `ar init` workspace, builtin-site corpus, the baseline handicapped (each step sleeps 15 % of its own time,
 # so it is 15 % slower per step), the noise calibrated (3 runs), then a scripted agent proposes six near-null
-# edits of LR_MULT (1.005, 0.995, 1.01, 0.99, 1.02, 0.98) and then the real improvement (the handicap removed).
+# edits of LR_MULT (1.005, 0.995, 1.01, 0.99, 1.02, 0.98) after the real improvement (the handicap removed;
+# PLAN=null-first: before it).
 # Expected: no near-null edit kept; the improvement kept. Two slots on one GPU (--gpus 0,0).
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -1,8 +1,10 @@
-"""bench/gpu_decisions.sh's scripted agent: by experiment number, six near-null edits of LR_MULT (4-9), then
-the real improvement (the HANDICAP line removed), then small LR_MULT edits."""
+"""bench/gpu_decisions.sh's scripted agent: by experiment number, the real improvement first (the HANDICAP line
+removed), then six near-null edits of LR_MULT, then small LR_MULT edits. PLAN=null-first puts the nulls first."""
 import os, re
 from pathlib import Path
-plan = {4: 1.005, 5: 0.995, 6: 1.01, 7: 0.99, 8: 1.02, 9: 0.98}
+lrs = [1.005, 0.995, 1.01, 0.99, 1.02, 0.98]
+first = 4 if os.environ.get("PLAN") == "null-first" else 5      # experiment 4 is the real one unless null-first
+plan = {first + i: v for i, v in enumerate(lrs)}
 n = int(os.environ["AR_EXPERIMENT"])
 p = Path("train.py"); s = p.read_text()
 if n in plan:
