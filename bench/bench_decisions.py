@@ -122,7 +122,7 @@ def main() -> int:
     rules = a.rules.split(",")
     print(f"σ {a.sigma}, {a.share:.0%} real gains, {a.proposals} proposals a session; each row one `ar run`")
     print("| rule | real gain | null edits kept | real gains kept | runs per proposal | simulated keep chance "
-          "(null / gain, best of 4 runs) | seconds |")
+          "(null / gain, the best on 3 runs) | seconds |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for k in gains:
@@ -131,7 +131,7 @@ def main() -> int:
                 sim = ""
                 if rule == "sequential":
                     r = SequentialRule()
-                    sim = f"{r.keep_chance(0, 1, 4):.1%} / {r.keep_chance(k, 1, 4):.1%}"
+                    sim = f"{r.keep_chance(0, 1, 3):.1%} / {r.keep_chance(k, 1, 3):.1%}"
                 n0, g0 = t["null"], t["gain"]
                 print(f"| {rule} | {k:g}σ | {n0[0]}/{n0[1]} ({n0[0] / max(1, n0[1]):.0%}) | "
                       f"{g0[0]}/{g0[1]} ({g0[0] / max(1, g0[1]):.0%}) | {t['runs'] / max(1, t['proposals']):.2f} | "

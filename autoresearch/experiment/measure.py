@@ -2,8 +2,9 @@
 
 One run of a changed train.py is one draw. Once the tag's noise is measured (the baseline's calibration runs),
 a candidate that is not clearly worse runs again, in its own slot and with seeds from ar, until the evidence
-keeps or discards it; the best is the mean of its runs, topped up to TOP_UP runs after a keep so that one lucky
-run cannot raise the bar for what follows. Where the noise is a threshold the user stated (`noise:`), or
+keeps or discards it. The best is the mean of its runs; after a keep it is measured TOP_UP times more and then
+judged by those runs alone, since the runs that kept it were chosen for being good (a winner's curse that
+otherwise raises the bar for everything after it). Where the noise is a threshold the user stated (`noise:`), or
 `keep_rule: single`, one run decides against that threshold, as before.
 
 Every run of a candidate but the first leaves its files as train-run2.log, record-run2.json, ... beside the
@@ -20,7 +21,7 @@ from ..decide import Evidence, SequentialRule, Step, pooled_sigma
 from ..files import write_json
 from ..ledger import Row, Status
 
-TOP_UP = 3                 # the best is re-measured until it has this many runs (the calibration's count)
+TOP_UP = 3                 # runs of the best after its keep (the calibration's count for the baseline)
 COUNTED = (Status.KEEP, Status.DISCARD, Status.VALIDATION)
 DECISION = "decision.json"
 _FILES = ("train.log", "record.json", "metrics.json", "timing.json", "eval.log")
@@ -45,6 +46,22 @@ def runs_of(lp, commit: str, rows: list[Row] | None = None) -> list[float]:
     return out
 
 
+def best_runs(lp, commit: str) -> list[float]:
+    """The runs the best is judged by. The runs that kept it were chosen for being good (a keep is a lucky draw as
+    often as a real one): once TOP_UP runs measured after the keep exist, only those count; until then, all."""
+    rows = [r for r in lp.ledger.rows() if r.commit and commit.startswith(r.commit) and r.val_bpb is not None]
+    again = [r.val_bpb for r in rows if r.status is Status.VALIDATION]
+    chosen = [v for r in rows if r.status is Status.KEEP for v in _row_runs(lp, r)
+              if _decided(lp, r)]
+    first = [r.val_bpb for r in rows if r.status is Status.KEEP and not _decided(lp, r)]   # the baseline: unselected
+    fresh = first + again
+    return fresh if len(fresh) >= TOP_UP or not chosen else chosen + fresh
+
+
+def _decided(lp, r: Row) -> bool:
+    return (lp.exp_dir_of(r) / DECISION).exists()
+
+
 def _row_runs(lp, r: Row) -> list[float]:
     try:
         runs = json.loads((lp.exp_dir_of(r) / DECISION).read_text())["runs"]
@@ -65,7 +82,7 @@ def evidence(lp, runs: list[float]) -> Evidence | None:
     s = sigma(lp)
     if best is None or not s:
         return None
-    return Evidence(tuple(runs_of(lp, best.commit)), tuple(runs), s, lp.cfg.objective.sign)
+    return Evidence(tuple(best_runs(lp, best.commit)), tuple(runs), s, lp.cfg.objective.sign)
 
 
 def more_runs(lp, ctx, x, m, budget: float, seed: int, again) -> None:
@@ -118,7 +135,7 @@ def record(lp, x, st: Step) -> None:
     best = lp.ledger.best_kept()
     write_json(x.exp_dir / DECISION, {
         "rule": "sequential", "runs": [round(v, 6) for v in x.runs], "seeds": x.seeds, "best": best.commit if best else None,
-        "best_runs": runs_of(lp, best.commit) if best else [], "sigma": sigma(lp), "z": st.z, "bar": st.bar,
+        "best_runs": best_runs(lp, best.commit) if best else [], "sigma": sigma(lp), "z": st.z, "bar": st.bar,
         "false_keep": lp.cfg.false_keep, "min_gain": lp.cfg.min_gain, "decision": st.action})
 
 
@@ -127,11 +144,13 @@ def top_up(lp) -> None:
     best = lp.ledger.best_kept()
     if best is None or rule(lp) is None:
         return
-    have = len(runs_of(lp, best.commit))
+    rows = [r for r in lp.ledger.rows() if r.commit and best.commit.startswith(r.commit) and r.val_bpb is not None]
+    have = sum(1 for r in rows if r.status is Status.VALIDATION or (r.status is Status.KEEP and not _decided(lp, r)))
     queued = sum(1 for s in lp.queue.pending() if s.kind == "rerun" and s.payload.get("top_up"))
     base = best.seed if best.seed is not None else lp.cfg.seed
+    used = len(runs_of(lp, best.commit, rows))       # seeds after every run it had
     for i in range(TOP_UP - have - queued):
-        lp.queue.add("rerun", {"commit": lp.git.resolve(best.commit), "seed": base + have + queued + i,
+        lp.queue.add("rerun", {"commit": lp.git.resolve(best.commit), "seed": base + used + queued + i,
                                "top_up": True, "description": "the best measured again"})
 
 
@@ -159,7 +178,7 @@ def describe(lp) -> str | None:
     best = lp.ledger.best_kept()
     if sr is None or best is None:
         return None
-    s, nb = sigma(lp), max(2, len(runs_of(lp, best.commit)))
+    s, nb = sigma(lp), max(2, len(best_runs(lp, best.commit)))
     det = sr.detectable(s, nb)
     lp.events.settings(sigma=s, detectable=det, false_keep=sr.alpha, keep_rule="sequential")
     name = lp.cfg.objective.name
