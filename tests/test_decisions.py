@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import pytest
 
 from autoresearch.harness import sandbox
 from autoresearch.ledger import read_results
-from fixtures.cli import git, run_ar
+from fixtures.cli import committed_repo, run_ar
 
 SCORE = '''import hashlib, json, os, random, re
 src = open("candidate.py").read()
@@ -36,18 +35,11 @@ Path(os.environ["AR_DESCRIPTION_FILE"]).write_text(what + "\\n")
 @pytest.mark.e2e
 @pytest.mark.skipif(not sandbox.available()[0], reason="Landlock is not available here")
 def test_sequential_decisions_through_ar_run(tmp_path):
-    root = tmp_path / "noisy"
-    root.mkdir()
-    (root / "candidate.py").write_text("GAIN = 0.0\nFIXED = 0\nNONCE = 0\n")
-    (root / "score.py").write_text(SCORE)
-    (root / "agent.py").write_text(AGENT)
-    (root / "program.md").write_text("# program\nLower the score.\n")
-    (root / ".gitignore").write_text("runs/\n")
-    (root / "ar.yaml").write_text("objective:\n  name: score\n  direction: min\n  command: python score.py\n"
-                                  "  metric: score\n  timeout: 60\nallowed_paths: [candidate.py]\n")
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "start")
+    root = committed_repo(tmp_path / "noisy", {
+        "candidate.py": "GAIN = 0.0\nFIXED = 0\nNONCE = 0\n", "score.py": SCORE, "agent.py": AGENT,
+        "program.md": "# program\nLower the score.\n", ".gitignore": "runs/\n",
+        "ar.yaml": "objective:\n  name: score\n  direction: min\n  command: python score.py\n  metric: score\n"
+                   "  timeout: 60\nallowed_paths: [candidate.py]\n"})
     # 1 baseline, 2-3 its calibration runs; 4 a loser; 5 a winner (10 σ); 6-8 the winner measured again;
     # 9 a winner that fixes its seed; 10 a null edit
     plan = {"4": ["loser", -0.1, 0], "5": ["winner", 0.1, 0], "9": ["fixed seed", 0.2, 1], "10": ["null", 0.1, 0]}
@@ -97,12 +89,7 @@ def test_sequential_decisions_through_ar_run(tmp_path):
 
 @pytest.mark.e2e      # `ar run` as a process (refused before any session)
 def test_calibrate_noise_0_without_a_noise_is_refused_in_one_line(tmp_path):
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "train.py").write_text("print('x')\n")
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "start")
+    root = committed_repo(tmp_path / "ws", {"train.py": "print('x')\n"})
     r = run_ar("run", "--calibrate-noise", "0", "--max-experiments", "1", cwd=root, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "--calibrate-noise 0" in ln]

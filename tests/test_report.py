@@ -25,7 +25,7 @@ from autoresearch.views import report as rep
 from autoresearch.ledger import COLUMNS, Ledger, Row, Status
 
 from test_loop import cfg, make_repo, no_ar_settings  # noqa: F401  (no_ar_settings: a fixture, asked for by name)
-from fixtures.cli import git, run_ar
+from fixtures.cli import committed_repo, run_ar
 
 UPSTREAM = Path(__file__).parent / "data" / "upstream_results.tsv"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -425,12 +425,7 @@ def quick_start_rows() -> list[Row]:
 
 @pytest.mark.integration
 def test_the_best_of_a_run_is_its_best_kept_result_in_report_status_and_journal(tmp_path):
-    root = tmp_path / "repo"
-    root.mkdir()
-    (root / "train.py").write_text("X = 1\n")
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "start")
+    root = committed_repo(tmp_path / "repo", {"train.py": "X = 1\n"})
     ledger = Ledger(root / "runs" / "dec1")
     for r in quick_start_rows():
         ledger.append(r)

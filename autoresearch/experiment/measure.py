@@ -13,6 +13,7 @@ first's; decision.json holds the runs, their seeds, the best's runs and the rule
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -37,24 +38,25 @@ def rule(lp) -> SequentialRule | None:
     return SequentialRule(alpha=cfg.false_keep, min_gain=cfg.min_gain) if s else None
 
 
+def _rows_of(commit: str, rows: list[Row]) -> list[Row]:
+    """The rows of one commit (full or short sha) that have a value."""
+    return [r for r in rows if r.commit and commit.startswith(r.commit) and r.val_bpb is not None]
+
+
 def runs_of(lp, commit: str, rows: list[Row] | None = None) -> list[float]:
     """Every counted run of one commit in this tag: a row's own runs (decision.json), else its value."""
-    out: list[float] = []
-    for r in lp.ledger.rows() if rows is None else rows:
-        if r.commit and commit.startswith(r.commit) and r.val_bpb is not None and r.status in COUNTED:
-            out.extend(_row_runs(lp, r))
-    return out
+    return [v for r in _rows_of(commit, lp.ledger.rows() if rows is None else rows) if r.status in COUNTED
+            for v in _row_runs(lp, r)]
 
 
 def best_runs(lp, commit: str) -> list[float]:
     """The runs the best is judged by. The runs that kept it were chosen for being good (a keep is a lucky draw as
     often as a real one): once TOP_UP runs measured after the keep exist, only those count; until then, all."""
-    rows = [r for r in lp.ledger.rows() if r.commit and commit.startswith(r.commit) and r.val_bpb is not None]
-    again = [r.val_bpb for r in rows if r.status is Status.VALIDATION]
-    chosen = [v for r in rows if r.status is Status.KEEP for v in _row_runs(lp, r)
-              if _decided(lp, r)]
-    first = [r.val_bpb for r in rows if r.status is Status.KEEP and not _decided(lp, r)]   # the baseline: unselected
-    fresh = first + again
+    rows = _rows_of(commit, lp.ledger.rows())
+    kept = [r for r in rows if r.status is Status.KEEP]
+    chosen = [v for r in kept if _decided(lp, r) for v in _row_runs(lp, r)]
+    fresh = [r.val_bpb for r in kept if not _decided(lp, r)] + \
+        [r.val_bpb for r in rows if r.status is Status.VALIDATION]          # the baseline's own run is unselected
     return fresh if len(fresh) >= TOP_UP or not chosen else chosen + fresh
 
 
@@ -144,7 +146,7 @@ def top_up(lp) -> None:
     best = lp.ledger.best_kept()
     if best is None or rule(lp) is None:
         return
-    rows = [r for r in lp.ledger.rows() if r.commit and best.commit.startswith(r.commit) and r.val_bpb is not None]
+    rows = _rows_of(best.commit, lp.ledger.rows())
     have = sum(1 for r in rows if r.status is Status.VALIDATION or (r.status is Status.KEEP and not _decided(lp, r)))
     queued = sum(1 for s in lp.queue.pending() if s.kind == "rerun" and s.payload.get("top_up"))
     base = best.seed if best.seed is not None else lp.cfg.seed
@@ -154,21 +156,22 @@ def top_up(lp) -> None:
                                "top_up": True, "description": "the best measured again"})
 
 
-def rename_run(exp_dir, n: int) -> list[str]:
-    """Move the first run's files aside before run n writes its own; put_back restores them."""
-    names = [f for f in _FILES if (exp_dir / f).exists()]
+@contextlib.contextmanager
+def another_run(exp_dir, suffix: str, files: tuple[str, ...] = _FILES):
+    """Around a further run of one experiment: the first run's files keep their names, this run's get a suffix
+    (train-run2.log, record-confirm.json, ...)."""
+    names = [f for f in files if (exp_dir / f).exists()]
     for f in names:
         os.replace(exp_dir / f, exp_dir / f"first-{f}")
-    return names
-
-
-def put_back(exp_dir, names: list[str], n: int) -> None:
-    for f in _FILES:
-        stem, ext = f.split(".")
-        if (exp_dir / f).exists():
-            os.replace(exp_dir / f, exp_dir / f"{stem}-run{n}.{ext}")
-    for f in names:
-        os.replace(exp_dir / f"first-{f}", exp_dir / f)
+    try:
+        yield
+    finally:
+        for f in files:
+            stem, ext = f.split(".")
+            if (exp_dir / f).exists():
+                os.replace(exp_dir / f, exp_dir / f"{stem}-{suffix}.{ext}")
+        for f in names:
+            os.replace(exp_dir / f"first-{f}", exp_dir / f)
 
 
 def describe(lp) -> str | None:

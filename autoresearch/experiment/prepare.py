@@ -293,14 +293,13 @@ def _run_again(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, n:
     """Run n of x (the sequential rule asked for it): its value, or None and why it does not count. The first
     run's facts stay on x (the row shows them); this run's files get a -run<n> suffix."""
     first = (x.outcome, x.verdict, x.has_checkpoint, x.mfu, x.wall)
-    names = measure.rename_run(x.exp_dir, n)
     try:
-        result, stopped_by = lp.executor.train(lp, ctx, x, budget, seed)
-        status, why, m = settle.classify(lp, ctx, x, result, stopped_by, budget)
-        short = _short(lp, x, budget)
+        with measure.another_run(x.exp_dir, f"run{n}"):
+            result, stopped_by = lp.executor.train(lp, ctx, x, budget, seed)
+            status, why, m = settle.classify(lp, ctx, x, result, stopped_by, budget)
+            short = _short(lp, x, budget)
     finally:
         x.outcome, x.verdict, x.has_checkpoint, x.mfu, x.wall = first
-        measure.put_back(x.exp_dir, names, n)
     if status is not None:
         return None, f"{status.value}: {why}"
     return (None, short) if short else (m.val_bpb, "")

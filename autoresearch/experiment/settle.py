@@ -196,19 +196,12 @@ def _throughput_ratio(lp, x: Experiment, best: Row, m) -> float | None:
 
 def _confirm(lp, x: Experiment, best: float, first: float, budget: float, seed: int) -> tuple[Status, str]:
     """Re-run a would-be new best with another seed; keep when the mean of both still clears the noise."""
-    names = [n for n in ("train.log", "record.json", "metrics.json", "timing.json") if (x.exp_dir / n).exists()]
-    for n in names:  # the first run's files keep their names; the confirmation's get a -confirm suffix
-        os.replace(x.exp_dir / n, x.exp_dir / f"first-{n}")
     mfu = x.mfu
     ctx = lp.slot_context(lp.slots[0])      # one slot only (checked at open): nothing else runs now
-    result, _ = lp.executor.train(lp, ctx, x, budget, seed + 1)
-    status, why, m = classify(lp, ctx, x, result, None, budget)
+    with measure.another_run(x.exp_dir, "confirm", ("train.log", "record.json", "metrics.json", "timing.json")):
+        result, _ = lp.executor.train(lp, ctx, x, budget, seed + 1)
+        status, why, m = classify(lp, ctx, x, result, None, budget)
     x.mfu = mfu
-    for n in names:
-        stem, ext = n.split(".")
-        if (x.exp_dir / n).exists():
-            os.replace(x.exp_dir / n, x.exp_dir / f"{stem}-confirm.{ext}")
-        os.replace(x.exp_dir / f"first-{n}", x.exp_dir / n)
     if status is not None:
         return Status.DISCARD, f"confirmation re-run failed ({status.value}: {why})"
     mean = (first + m.val_bpb) / 2
