@@ -42,7 +42,7 @@ from .errors import ConfigError, DataError, GitError
 from .events import EventLog, slot_fields
 from .gitops import GitRepo, branch_name, short
 from .experiment import clock
-from .harness import sandbox
+from .harness import gputime, sandbox
 from .harness import data
 from .harness.data import check_prepared
 from .harness.env import default_cache, resolve_profile
@@ -289,6 +289,14 @@ class Loop:
                      "(this Python has no Lib/test to draw it from); every result of this session is marked "
                      "`validation text readable`", "warn")
         self.allowance = clock.load(self.paths.dir)         # the baseline's start-up so far (clock.py)
+        if self.profile.name == "gpu" and not custom:        # what a start-up on the GPU is charged in (clock.py)
+            meter, why = gputime.open_meter()
+            if meter is not None:
+                self.say("GPU time is read per process from the driver (NVML): a start-up is charged in GPU seconds")
+            else:
+                self.say(f"GPU time cannot be read ({why}): a start-up on the GPU is bounded by wall time only, the "
+                         f"baseline's + max({clock.BLIND_ROOM:g} s, a quarter of it), so a new shape's cold compile "
+                         "may cost part of its window", "warn")
 
     def _prepare_tree(self, resume: bool) -> None:
         """Check out the branch; a dirty tree is refused unless it is the leftover of a cut-short experiment."""

@@ -10,31 +10,41 @@ from autoresearch.experiment.clock import Credit, Timeline
 
 NONE = Credit()                                          # before the baseline has run
 CPU_BASE = Credit(wall=4.0, cpu=2.0, finish=0.5, finish_cpu=0.5)   # a CPU baseline: 2 CPU-s start-up, 0.5 finish
-GPU_BASE = Credit(wall=40.0, cpu=9.0, finish=0.4, finish_cpu=None)  # a GPU baseline: 40 s to its first batch
+GPU_BASE = Credit(wall=40.0, cpu=9.0, finish=0.4, finish_cpu=None, gpu=3.0)  # a GPU baseline: 40 s, 3 GPU-s
 
 
 # -- start-up: free up to what the baseline's allows; the rest comes off the window -----------------------------
-@pytest.mark.parametrize("credit, device, wall, cpu, cut", [
+@pytest.mark.parametrize("credit, device, wall, cpu, gpu, cut", [
     # before the baseline: free (a kill at the start-up allowance is the bound, not a charge)
-    (NONE, "cpu", 500.0, 400.0, 0.0),
+    (NONE, "cpu", 500.0, 400.0, None, 0.0),
     # CPU: CPU-seconds against 1.3 × the baseline's + 1 s = 3.6 CPU-s; wall time (load) costs nothing
-    (CPU_BASE, "cpu", 60.0, 3.6, 0.0),
-    (CPU_BASE, "cpu", 3.0, 5.6, 2.0),               # pre-window compute is paid from the window, second for second
-    (CPU_BASE, "cpu", 30.0, 1.0, 0.0),              # a slow host: long wall, little CPU
+    (CPU_BASE, "cpu", 60.0, 3.6, None, 0.0),
+    (CPU_BASE, "cpu", 3.0, 5.6, None, 2.0),          # pre-window compute is paid from the window, second for second
+    (CPU_BASE, "cpu", 30.0, 1.0, None, 0.0),         # a slow host: long wall, little CPU
     # CPU without a CPU reading (the run's tree could not be read): the wall rule
-    (CPU_BASE, "cpu", 4.0 + 30.0, None, 0.0),
-    (CPU_BASE, "cpu", 4.0 + 30.0 + 3.0, None, 3.0),
-    # GPU: wall seconds against the baseline's + max(30 s, the baseline's) = 80 s; CPU seconds do not count
-    (GPU_BASE, "cuda", 80.0, 500.0, 0.0),
-    (GPU_BASE, "cuda", 85.0, 1.0, 5.0),
-    (Credit(wall=10.0, cpu=3.0), "cuda", 10.0 + 30.0 + 1.0, None, 1.0),   # the 30-s room for a cold compile
+    (CPU_BASE, "cpu", 4.0 + 30.0, None, None, 0.0),
+    (CPU_BASE, "cpu", 4.0 + 30.0 + 3.0, None, None, 3.0),
+    # GPU, GPU time read: GPU-s against 1.3 × the baseline's 3 + 1 = 4.9 GPU-s; CPU seconds do not count
+    (GPU_BASE, "cuda", 45.0, 500.0, 4.9, 0.0),       # a long compile (CPU work) is free
+    (GPU_BASE, "cuda", 45.0, 9.0, 12.9, 8.0),        # steps before the window (GPU work) are paid, second for second
+    # ... and the wall clock still allows the baseline's + max(30 s, the baseline's) = 80 s
+    (GPU_BASE, "cuda", 80.0, 500.0, 3.0, 0.0),
+    (GPU_BASE, "cuda", 85.0, 1.0, 3.0, 5.0),
+    (GPU_BASE, "cuda", 85.0, 1.0, 14.9, 10.0),       # both over: the larger charge (not the sum)
+    (Credit(wall=10.0, cpu=3.0, gpu=2.0), "cuda", 10.0 + 30.0 + 1.0, None, 0.0, 1.0),   # 30-s room: a cold compile
+    # GPU time unread (this run's or the baseline's): the wall rule, tight: baseline's + max(10 s, a quarter)
+    (GPU_BASE, "cuda", 50.0, 1.0, None, 0.0),
+    (GPU_BASE, "cuda", 53.0, 1.0, None, 3.0),
+    (Credit(wall=10.0, cpu=3.0), "cuda", 21.0, None, 7.0, 1.0),   # the baseline's GPU time was not read
 ])
-def test_start_up_cost(credit, device, wall, cpu, cut):
-    cost, why = clock.start_up_cost(credit, device, wall, cpu)
+def test_start_up_cost(credit, device, wall, cpu, gpu, cut):
+    cost, why = clock.start_up_cost(credit, device, wall, cpu, gpu)
     assert cost == pytest.approx(cut)
     assert (why is None) == (cut == 0.0)
     if why:
         assert f"cut by {cut:.1f}s" in why
+        by_gpu = gpu is not None and credit.gpu is not None and gpu - (1.3 * credit.gpu + 1.0) == pytest.approx(cut)
+        assert ("GPU-s" in why) == by_gpu, why      # the reason names the rule that charged
 
 
 # -- the finish allowance: 1.5 × the baseline's step and save + 1 s, in the start-up's currency ------------------

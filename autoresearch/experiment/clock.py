@@ -15,9 +15,15 @@ baseline's allows; beyond that, the excess comes off the window (the feed's dead
   candidate little; while
   compute moved before the first batch — training on other text the run can read (the `builtin` corpus's
   training text is the interpreter's own files) — is counted and paid from the window;
-- on a GPU, in wall seconds: the baseline's smallest start-up + max(`GPU_ROOM`, that start-up): room for a new
-  shape's cold compile (~30 s on an H200). GPU kernels leave no CPU time to count, so compute before the first
-  batch is bounded by that room only (docs/reliability.md: what it can buy on which dataset).
+- on a GPU, in GPU seconds of the run's processes (harness/gputime.py: the driver's per-process samples):
+  `GPU_FACTOR` × the baseline's smallest + `GPU_SLACK`, as on the CPU. Warm-up steps and autotuning are GPU work
+  an honest start-up does too, and the baseline's allowance covers them; steps taken before the window on text
+  the run can read are GPU work past it, paid from the window. A compile is CPU work: on top, the wall clock
+  allows the baseline's start-up + max(`GPU_ROOM`, that start-up), room for a new shape's cold compile (~30 s on
+  an H200). Where GPU time cannot be read (no NVML, a refusal: said at the session's start), the wall clock is
+  all there is and its room is tight: the baseline's + max(`BLIND_ROOM`, a quarter of it); a new shape's cold
+  compile then costs some of its window (said in its row), and compute before the first batch is bounded by
+  that room (docs/reliability.md).
 Before the baseline has run, start-up is free up to `startup_allowance` wall seconds (then the run is killed).
 
 The finish: a run's training may not go on past its window's end. Its last step may, and saving takes time, so
@@ -31,7 +37,7 @@ candidate whose steps are longer than the baseline's loses at most one of them, 
 the baseline has run, the last-step slack is the run's own (execute.py).
 
 The baseline's start-ups (the baseline commit and its noise-calibration reruns) are kept in runs/<tag>/clock.json
-("credit": wall seconds, "cpu": CPU seconds; each the smallest so far; "finish", "finish_cpu": the largest
+("credit": wall seconds, "cpu": CPU seconds, "gpu": GPU seconds; each the smallest so far; "finish", "finish_cpu": the largest
 finish so far, step + tail), so a resumed session keeps them.
 """
 
@@ -45,49 +51,55 @@ from pathlib import Path
 
 FILE = "clock.json"
 CPU_FACTOR, CPU_SLACK = 1.3, 1.0
-GPU_ROOM = 30.0
+GPU_ROOM = 30.0             # wall seconds beyond the baseline's start-up where GPU time is read (a cold compile)
+BLIND_ROOM = 10.0           # ... where it cannot be read: then the wall clock is the only bound on GPU work
+GPU_FACTOR, GPU_SLACK = 1.3, 1.0   # start-up GPU seconds free: 1.3 × the baseline's + 1 s (the CPU's rule)
 FINISH_FACTOR, FINISH_SLACK = 1.5, 1.0     # what the finish may take: 1.5 × the baseline's + 1 s (or CPU-s)
 SHORT_WINDOW = 0.5          # a run whose window was under this share of its budget is never kept
 
 
 @dataclass(frozen=True)
 class Credit:
-    """The baseline's smallest start-up so far: wall seconds and CPU seconds (None before the baseline), and
-    its largest finish (one step + its window's end to its checkpoint), in both."""
+    """The baseline's smallest start-up so far: wall, CPU and GPU seconds (None before the baseline, or where not
+    read), and its largest finish (one step + its window's end to its checkpoint), in wall and CPU seconds."""
     wall: float | None = None
     cpu: float | None = None
     finish: float | None = None
     finish_cpu: float | None = None
+    gpu: float | None = None
 
 
 def load(tag_dir: Path) -> Credit:
     try:
         doc = json.loads((Path(tag_dir) / FILE).read_text())
         return Credit(float(doc["credit"]), *(float(doc[k]) if doc.get(k) is not None else None
-                                              for k in ("cpu", "finish", "finish_cpu")))
+                                              for k in ("cpu", "finish", "finish_cpu", "gpu")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return Credit()
 
 
 def note_baseline(tag_dir: Path, wall: float, cpu: float | None, finish: float | None = None,
-                  finish_cpu: float | None = None) -> Credit:
+                  finish_cpu: float | None = None, gpu: float | None = None) -> Credit:
     """Record one run of the baseline commit; returns the credit from now on (a start-up only ever tightens it,
     a finish only ever widens it: the baseline is the user's code, each of its runs honest)."""
     old = load(tag_dir)
     new = Credit(min(x for x in (old.wall, wall) if x is not None),
                  min((x for x in (old.cpu, cpu) if x is not None), default=None),
                  max((x for x in (old.finish, finish) if x is not None), default=None),
-                 max((x for x in (old.finish_cpu, finish_cpu) if x is not None), default=None))
+                 max((x for x in (old.finish_cpu, finish_cpu) if x is not None), default=None),
+                 min((x for x in (old.gpu, gpu) if x is not None), default=None))
     tmp = Path(tag_dir) / f".{FILE}.tmp-{os.getpid()}"
     doc = {"credit": round(new.wall, 3)} | {k: round(v, 3) for k, v in (
-        ("cpu", new.cpu), ("finish", new.finish), ("finish_cpu", new.finish_cpu)) if v is not None}
+        ("cpu", new.cpu), ("finish", new.finish), ("finish_cpu", new.finish_cpu), ("gpu", new.gpu)) if v is not None}
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, Path(tag_dir) / FILE)
     return new
 
 
-def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None) -> tuple[float, str | None]:
-    """(seconds to take off the window, why) for a start-up of `wall` seconds and `cpu` CPU seconds."""
+def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None,
+                  gpu: float | None = None) -> tuple[float, str | None]:
+    """(seconds to take off the window, why) for a start-up of `wall` seconds, `cpu` CPU seconds and `gpu` GPU
+    seconds (None: not read)."""
     if credit.wall is None:
         return 0.0, None                          # before the baseline: the allowance (a kill) is the bound
     if device == "cpu" and credit.cpu is not None and cpu is not None:
@@ -96,10 +108,18 @@ def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None) -
         what = (f"its start-up used {cpu:.1f} CPU-s before its first batch, more than the {allowed:.1f} the "
                 f"baseline's {credit.cpu:.1f} allows")
     else:
-        allowed = credit.wall + max(GPU_ROOM, credit.wall)
+        read = device != "cpu" and gpu is not None and credit.gpu is not None
+        allowed = credit.wall + (max(GPU_ROOM, credit.wall) if read or device == "cpu"
+                                 else max(BLIND_ROOM, credit.wall / 4))
         excess = wall - allowed
         what = (f"its first batch came {wall:.1f}s after its start, later than the {allowed:.1f}s the baseline's "
-                f"{credit.wall:.1f}s allows")
+                f"{credit.wall:.1f}s allows" + ("" if read or device == "cpu" else " (GPU time unread: wall rule)"))
+        if read:
+            allowed_gpu = GPU_FACTOR * credit.gpu + GPU_SLACK
+            if gpu - allowed_gpu > excess:
+                excess = gpu - allowed_gpu
+                what = (f"its start-up used {gpu:.1f} GPU-s before its first batch, more than the {allowed_gpu:.1f} "
+                        f"the baseline's {credit.gpu:.1f} allows")
     if excess <= 0:
         return 0.0, None
     return excess, f"{what}: its training window was cut by {excess:.1f}s"

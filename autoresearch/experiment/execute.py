@@ -35,7 +35,7 @@ import psutil
 
 from .. import compile_cache
 from ..gitops import GitRepo
-from ..harness import launcher, sandbox
+from ..harness import gputime, launcher, sandbox
 from ..harness.feed import Feed
 from ..harness.data import hidden_sources, train_view
 from ..request import RunRequest
@@ -121,6 +121,7 @@ class TrainOutcome:
     startup_cpu: float | None = None      # CPU seconds of the run's processes from ar's clock start to the window
     window: float | None = None           # the window it was given (the budget, less what its start-up cost)
     window_note: str | None = None        # why that window was shorter than the budget (clock.start_up_cost)
+    startup_gpu: float | None = None      # GPU seconds of the run's processes from ar's clock start to the window
 
 
 def launchable(cmd: list[str]) -> bool:
@@ -171,6 +172,22 @@ def _tree_cpu_psutil(proc) -> float | None:
     return total
 
 
+def tree_pids(proc) -> set[int]:
+    """The pids of a process and everything below it now (the sandbox's supervisor is a subreaper: a daemonized
+    grandchild stays below it)."""
+    out, todo = set(), [proc.pid]
+    while todo:
+        pid = todo.pop()
+        out.add(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 class TrainingRun:
     """One training run on ar's clock; its phases are methods: `gate` (the launcher's trusted start-up, then the
     GPU turn: ar's clock starts), `opened` (the feed's first batch: the start-up's charge, clock.start_up_cost),
@@ -192,6 +209,8 @@ class TrainingRun:
         self.proc = None
         self.cpu0 = 0.0                       # the run's CPU seconds at ar's clock start (the launcher's are not its)
         self.start_cost: tuple[float | None, float, str | None] = (None, 0.0, None)
+        self.meter = gputime.open_meter()[0] if req.device == "cuda" else None   # None: GPU time unread
+        self.startup_gpu: float | None = None
         self.taken = False
         self.timers: list[threading.Timer] = []
         self.ready = threading.Event()        # the launcher's trusted start-up is done
@@ -223,11 +242,19 @@ class TrainingRun:
             left = (self.feed.deadline or 0.0) - time.time()
             self.sampled.wait(min(0.25, left) if left > 0.01 else 0.05)
 
+    def metering(self) -> None:
+        """Count the GPU seconds of the run's processes from ar's clock start (harness/gputime.py)."""
+        if self.meter is not None and self.proc is not None:
+            self.meter.start(lambda: tree_pids(self.proc))
+
     def opened(self) -> float:
         """The feed's first batch: what the start-up costs the window (clock.py)."""
         cpu = tree_cpu(self.proc) if self.proc is not None else None
         wall, used = time.time() - self.t0_wall, (cpu - self.cpu0 if cpu is not None else None)
-        cost, why = clock.start_up_cost(self.credit, self.req.device, wall, used)
+        if self.meter is not None:
+            self.startup_gpu = self.meter.seconds()
+            self.meter.stop()
+        cost, why = clock.start_up_cost(self.credit, self.req.device, wall, used, self.startup_gpu)
         self.start_cost = (used, cost, why)
         if cpu is not None:
             self.samples.append((time.time(), cpu))
@@ -253,6 +280,7 @@ class TrainingRun:
         if proc is not None:
             self.cpu0 = tree_cpu(proc) or 0.0
         self.t0, self.t0_wall = time.monotonic(), time.time()
+        self.metering()
         if self.go_w is not None:
             try:
                 os.write(self.go_w, b"go\n")
@@ -272,6 +300,8 @@ class TrainingRun:
 
     def started(self, proc) -> None:
         self.proc = proc
+        if self.go_r is None and (self.turn is None or self.taken):      # no gate: ar's clock runs from here
+            self.metering()
         if self.feed is not None:
             self.feed.close_child_end()
 
@@ -300,6 +330,8 @@ class TrainingRun:
 
     def close(self) -> None:
         self.sampled.set()
+        if self.meter is not None:
+            self.meter.stop()
         for t in self.timers:                  # a run that ended early: the evaluator's workers start at "go"
             t.cancel()
             t.join()
@@ -341,7 +373,8 @@ class TrainingRun:
                             v.over, self.req.sandbox, started_at=t0, window_start=opened_at,
                             checkpoint_at=written, phases=phases, startup_cpu=used, tail_cpu=v.tail_cpu,
                             finish=v.finish,
-                            window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why)
+                            window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why,
+                            startup_gpu=self.startup_gpu)
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,

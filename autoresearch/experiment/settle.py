@@ -40,6 +40,7 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
     m.total_seconds = round(result.wall_seconds, 3)
     write_json(x.exp_dir / "metrics.json", {k: v for k, v in m.to_dict().items() if k != "steps"} |
                {"wall_seconds": result.wall_seconds, "startup_seconds": out.startup, "startup_cpu": out.startup_cpu,
+                "startup_gpu": out.startup_gpu,
                 "window_seconds": out.window, "window_note": out.window_note, "tail_cpu": out.tail_cpu,
                 "finish_seconds": out.finish[0], "finish_cpu": out.finish[1],
                 "returncode": result.returncode, "stop_reason": result.stop_reason,
@@ -47,7 +48,7 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
     x.mfu = _mfu(lp, m)
     if (x.spec.kind == "baseline" or x.spec.payload.get("calibrate")) and out.startup is not None and \
             result.returncode == 0 and not out.over_budget:      # the baseline commit: what start-up is free
-        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu, *out.finish)
+        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu, *out.finish, gpu=out.startup_gpu)
     if result.stop_reason == STOP_INTERRUPTED:
         return Status.INTERRUPTED, "interrupted", m
     if x.tampered:

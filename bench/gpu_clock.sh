@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU clock (issue: start-up charged in GPU time). One call on the GPU host, from the repo root (wheels in .whl/):
+#   bash bench/gpu_clock.sh
+# Runs tests/test_gpu_clock.py as root, then as an ordinary user: the baseline, an honest new shape (a cold compile),
+# steps on readable text before the first batch, and GPU work in a daemonized grandchild; prints each run's
+# start-up in wall and GPU seconds, its window, and what was charged.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+export AR_CACHE=/tmp/arcache     # one cache: the corpus is prepared once (the user's run finds its compiles warm)
+python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/test_gpu_clock.py 2>&1 | tee "$OUT/root.log" | grep -E "^(baseline|new shape|attack|grandchild) |passed|failed|Error|assert" | head -40
+id u1 >/dev/null 2>&1 || useradd -m u1
+chmod -R a+rX . ; chmod -R a+rwX "$AR_CACHE" "$OUT"
+runuser -u u1 -- env AR_CACHE=$AR_CACHE PYTHONUNBUFFERED=1 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
+    tests/test_gpu_clock.py 2>&1 | tee "$OUT/user.log" | grep -E "^(baseline|new shape|attack|grandchild) |passed|failed|Error|assert" | head -40
