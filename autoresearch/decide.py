@@ -65,7 +65,8 @@ def noise_from_repeats(values: list[float]) -> float:
 # with c set by simulation for this alpha and this many runs of the best; the discard bars are fixed.
 
 MAX_RUNS = 4                      # runs of one candidate at most
-DISCARD_BARS = (0.0, 0.8, 1.0)    # z below this after run n (1, 2, 3) discards: after one run, worse than the best
+DISCARD_BARS = (0.3, 1.0, 1.2)    # z below this after run n (1, 2, 3) discards: after one run, not 0.3 SE better
+                                  # (bench_decisions' simulation of the whole loop: more power per run than 0/0.8/1.0)
 _TRIALS = 20000                   # simulated null paths that set the keep bar (a fixed seed: the same bar each time)
 
 
@@ -126,7 +127,7 @@ class SequentialRule:
         if z >= keep:
             return Step("keep", f"kept: {said}, past the keep bar {keep:.2f} (false keeps ≤ {self.alpha:.0%})", z, keep)
         if z < drop:
-            why = "worse than the best" if n == 1 and drop == 0 else f"under the bar {keep:.2f}" if n >= self.max_runs \
+            why = "worse than the best" if n == 1 and ev.gain < 0 else f"under the bar {keep:.2f}" if n >= self.max_runs \
                 else f"below {drop:.2f}: not worth another run"
             return Step("discard", f"discarded: {said}, {why}", z, keep)
         return Step("more", f"not yet decided: {said}; the keep bar is {keep:.2f}, run again", z, keep)

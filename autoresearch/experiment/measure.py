@@ -4,7 +4,8 @@ One run of a changed train.py is one draw. Once the tag's noise is measured (the
 a candidate that is not clearly worse runs again, in its own slot and with seeds from ar, until the evidence
 keeps or discards it. The best is the mean of its runs; after a keep it is measured TOP_UP times more and then
 judged by those runs alone, since the runs that kept it were chosen for being good (a winner's curse that
-otherwise raises the bar for everything after it). Where the noise is a threshold the user stated (`noise:`), or
+otherwise raises the bar for everything after it); and once more for every GROW candidates judged against it, up
+to CAP runs, since a best whose runs were lucky is the one that stands longest. Where the noise is a threshold the user stated (`noise:`), or
 `keep_rule: single`, one run decides against that threshold, as before.
 
 Every run of a candidate but the first leaves its files as train-run2.log, record-run2.json, ... beside the
@@ -23,6 +24,8 @@ from ..files import write_json
 from ..ledger import Row, Status
 
 TOP_UP = 3                 # runs of the best after its keep (the calibration's count for the baseline)
+GROW, CAP = 2, 8           # then one run more for every GROW candidates judged against it, up to CAP runs: a best
+                           # whose runs were lucky stands longest, and blocks real gains, unless it is measured again
 COUNTED = (Status.KEEP, Status.DISCARD, Status.VALIDATION)
 DECISION = "decision.json"
 _FILES = ("train.log", "record.json", "metrics.json", "timing.json", "eval.log")
@@ -73,10 +76,17 @@ def _row_runs(lp, r: Row) -> list[float]:
 
 
 def sigma(lp) -> float | None:
-    """The noise of one run: pooled over every commit of this tag that has more than one run."""
+    """The noise of one run, pooled over groups of runs that were not chosen together: each decided candidate's
+    runs, and per commit its runs measured apart from any decision (the baseline's calibration, the best measured
+    again). A kept candidate's runs were chosen for being good: pooled with its later runs their spread is
+    partly that choice, not noise."""
     rows = lp.ledger.rows()
-    commits = {r.commit for r in rows if r.commit}
-    return pooled_sigma([runs_of(lp, c, rows) for c in commits]) or None
+    groups: dict = {}
+    for r in rows:
+        if r.commit and r.val_bpb is not None and r.status in COUNTED:
+            key = (r.commit, r.exp_id) if _decided(lp, r) else (r.commit, None)
+            groups.setdefault(key, []).extend(_row_runs(lp, r))
+    return pooled_sigma(list(groups.values())) or None
 
 
 def evidence(lp, runs: list[float]) -> Evidence | None:
@@ -142,16 +152,21 @@ def record(lp, x, st: Step) -> None:
 
 
 def top_up(lp) -> None:
-    """Queue re-runs of the best until it has TOP_UP runs (seeds after its own)."""
+    """Queue re-runs of the best until it has TOP_UP runs measured apart from its keep, and one more for every
+    GROW candidates judged against it since, up to CAP (seeds after its own)."""
     best = lp.ledger.best_kept()
     if best is None or rule(lp) is None:
         return
-    rows = _rows_of(best.commit, lp.ledger.rows())
-    have = sum(1 for r in rows if r.status is Status.VALIDATION or (r.status is Status.KEEP and not _decided(lp, r)))
+    rows = lp.ledger.rows()
+    mine = _rows_of(best.commit, rows)
+    have = sum(1 for r in mine if r.status is Status.VALIDATION or (r.status is Status.KEEP and not _decided(lp, r)))
+    since = max((r.exp_id for r in mine if r.status is Status.KEEP), default=0)
+    judged = sum(1 for r in rows if r.exp_id > since and r.status in (Status.KEEP, Status.DISCARD) and _decided(lp, r))
+    want = min(CAP, TOP_UP + judged // GROW)
     queued = sum(1 for s in lp.queue.pending() if s.kind == "rerun" and s.payload.get("top_up"))
     base = best.seed if best.seed is not None else lp.cfg.seed
     used = len(runs_of(lp, best.commit, rows))       # seeds after every run it had
-    for i in range(TOP_UP - have - queued):
+    for i in range(want - have - queued):
         lp.queue.add("rerun", {"commit": lp.git.resolve(best.commit), "seed": base + used + queued + i,
                                "top_up": True, "description": "the best measured again"})
 

@@ -155,8 +155,8 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
     lp.git.reset_hard(lp.best_sha)   # inline: HEAD is there already when kept; from a slot: the branch moves
     faults.point("revert")
     row = record_as(lp, x, status, m=m, reason=reason)                                  # 8, 9
-    if status is Status.KEEP:
-        measure.top_up(lp)           # the new best's mean from unselected runs too
+    if status in (Status.KEEP, Status.DISCARD):
+        measure.top_up(lp)           # the best's mean from unselected runs, more of them the longer it stands
     return row
 
 
