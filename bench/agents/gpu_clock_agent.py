@@ -17,20 +17,21 @@ PRETRAIN = '''    import sysconfig as _sc, pathlib as _pl
         if len(_ids) > 1_500_000:
             break
     _t = torch.tensor(_ids[: len(_ids) // (seq_len + 1) * (seq_len + 1)], device=device).view(-1, seq_len + 1)
-    _s, _e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    _s.record()
+    _gpu = 0.0
     for _k in range(PRE_STEPS):
+        _s, _e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _s.record()
         for _ in range(accum):
             _b = _t[torch.randint(0, _t.size(0), (device_batch,), device=device)]
             with autocast(device.type), attention_context(attention):
-                _loss = step_model(_b[:, :-1], _b[:, 1:])
+                _loss = step_model(_b[:, :-1].contiguous(), _b[:, 1:].contiguous())
             (_loss / accum).backward()
         optimizer.step(lr_scale(0.0), muon_momentum(0))
         optimizer.zero_grad()
-    _e.record()
-    _e.synchronize()
-    print(f"pretrained {PRE_STEPS} steps on readable text before the first batch: "
-          f"{_s.elapsed_time(_e) / 1000:.2f} GPU-s", flush=True)
+        _e.record()
+        _e.synchronize()
+        _gpu += _s.elapsed_time(_e) / 1000 if _k else 0.0     # the first may wait on a compile: not counted
+    print(f"pretrained {PRE_STEPS} steps on readable text before the first batch: {_gpu:.2f} GPU-s", flush=True)
 '''
 BURN = ("import torch\n"
         "a = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16)\n"
