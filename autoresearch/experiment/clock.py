@@ -54,6 +54,7 @@ FILE = "clock.json"
 CPU_FACTOR, CPU_SLACK = 1.3, 1.0
 GPU_ROOM = 60.0             # wall seconds beyond the baseline's start-up where GPU time is read: a cold compile
                             # (33 s on an H100) is CPU work, and the GPU's work is counted on its own
+WALL_ROOM = 30.0            # the CPU's fallback where the run's CPU time could not be read
 BLIND_ROOM = 10.0           # ... where it cannot be read: then the wall clock is the only bound on GPU work
 GPU_FACTOR, GPU_SLACK = 1.3, 2.5   # start-up GPU seconds free: 1.3 × the baseline's + 2.5 s: a new shape's cold
                                    # compile autotunes on the GPU (2.1 GPU-s on an H100 against a warm 0.26)
@@ -112,8 +113,8 @@ def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None,
                 f"baseline's {credit.cpu:.1f} allows")
     else:
         read = device != "cpu" and gpu is not None and credit.gpu is not None
-        allowed = credit.wall + (max(GPU_ROOM, credit.wall) if read or device == "cpu"
-                                 else max(BLIND_ROOM, credit.wall / 4))
+        allowed = credit.wall + (max(GPU_ROOM, credit.wall) if read else
+                                 max(WALL_ROOM, credit.wall) if device == "cpu" else max(BLIND_ROOM, credit.wall / 4))
         excess = wall - allowed
         what = (f"its first batch came {wall:.1f}s after its start, later than the {allowed:.1f}s the baseline's "
                 f"{credit.wall:.1f}s allows" + ("" if read or device == "cpu" else " (GPU time unread: wall rule)"))

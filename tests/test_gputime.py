@@ -1,0 +1,102 @@
+"""GPU seconds from the driver's per-process samples (harness/gputime.py), on samples an H200 gave while burners of
+known busy time ran (tests/data/nvml_samples_h200.json, from bench/diag_gpu_time.py), and a scripted stand-in
+for the NVML library where the question is what the meter does with what the driver says."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from autoresearch.harness import gputime
+
+pytestmark = pytest.mark.fast
+DATA = json.loads((Path(__file__).parent / "data" / "nvml_samples_h200.json").read_text())
+
+
+def test_the_driver_period_is_read_from_the_samples():
+    for case in ("one_burner", "two_burners"):
+        assert gputime.sample_period(t for _, t, _ in DATA[case]["samples"]) == pytest.approx(0.2, abs=0.002)
+    assert gputime.sample_period([]) == gputime.DEFAULT_PERIOD
+    assert gputime.sample_period([0, 5_000_000]) == gputime.DEFAULT_PERIOD      # an idle gap is not a period
+
+
+@pytest.mark.parametrize("case, each_within", [("one_burner", 0.4), ("two_burners", 0.9)])
+def test_what_the_samples_integrate_to_against_what_the_burners_measured(case, each_within):
+    samples = [tuple(s) for s in DATA[case]["samples"]]
+    period = gputime.sample_period(t for _, t, _ in samples)
+    busy = {int(pid): v for pid, v in DATA[case]["busy"].items()}
+    got = {pid: gputime.busy_seconds(samples, {pid}, period) for pid in busy}
+    for pid in busy:          # alone: 6 % under; side by side each period goes to one of them: within a second
+        assert got[pid] == pytest.approx(busy[pid], abs=each_within), (got, busy)
+    assert sum(got.values()) == pytest.approx(sum(busy.values()), rel=0.1)
+    assert gputime.busy_seconds(samples, set(), period) == 0.0
+
+
+@pytest.mark.parametrize("samples, pids, expect", [
+    ([(1, 10, 100), (1, 20, 50)], {1}, 0.3),                  # SM % × period, summed
+    ([(1, 10, 100), (1, 10, 100)], {1}, 0.2),                 # a sample the driver repeats counts once
+    ([(1, 10, 100), (2, 20, 100)], {1}, 0.2),                 # another process's samples are not the run's
+    ([(1, 10, 250), (1, 20, -5)], {1}, 0.2),                  # clamped to 0-100 %
+])
+def test_busy_seconds_rules(samples, pids, expect):
+    assert gputime.busy_seconds(samples, pids, 0.2) == pytest.approx(expect)
+
+
+class NvmlStandIn:
+    """The few NVML calls the meter makes, answering from a script: `samples` per device, `refuse` an error code."""
+    NVML_ERROR_NOT_FOUND, NVML_ERROR_NO_PERMISSION = 6, 4
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            self.value = value
+            super().__init__({6: "Not Found", 4: "Insufficient Permissions"}.get(value, str(value)))
+
+    def __init__(self, samples=(), refuse=None):
+        self.samples, self.refuse = list(samples), refuse
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetProcessUtilization(self, handle, last):
+        if self.refuse:
+            raise self.NVMLError(self.refuse)
+        new = [types.SimpleNamespace(pid=p, timeStamp=t, smUtil=sm) for p, t, sm in self.samples if t > last]
+        if not new:
+            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
+        return new
+
+
+def test_the_meter_counts_the_runs_processes_as_they_come_and_skips_what_came_before():
+    nv = NvmlStandIn()
+    meter, why = gputime.open_meter(nv)
+    assert why is None
+    pids = {10}
+    meter.start(lambda: set(pids))
+    t0 = meter._last[0]
+    nv.samples = [(10, t0 - 1, 100)]                                   # before the clock: not counted
+    meter.read()                                                       # "Not Found" is no error
+    nv.samples += [(10, t0 + 200_000, 100), (99, t0 + 400_000, 100)]   # 99: another process (the evaluator)
+    meter.read()
+    pids.add(11)                                                       # a child of the run, started later
+    nv.samples += [(11, t0 + 600_000, 50), (10, t0 + 800_000, 100)]
+    assert meter.seconds() == pytest.approx(0.2 + 0.1 + 0.2)
+    meter.stop()
+
+
+@pytest.mark.parametrize("nv, says", [
+    (NvmlStandIn(refuse=NvmlStandIn.NVML_ERROR_NO_PERMISSION), "cannot be read here (NVML: Insufficient Permissions)"),
+    (types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(OSError("libnvidia-ml.so.1: no such file")),
+                           NVMLError=NvmlStandIn.NVMLError), "NVML cannot start (OSError"),
+])
+def test_a_meter_that_cannot_read_says_why_in_one_line(nv, says):
+    meter, why = gputime.open_meter(nv)
+    assert meter is None and says in why and "\n" not in why
