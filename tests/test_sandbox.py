@@ -209,3 +209,40 @@ def test_a_sandboxed_process_started_as_root_runs_as_nobody_and_writes_its_works
     uid, euid, groups = r.stdout.split(maxsplit=2)
     assert int(uid) != 0 and int(euid) != 0 and groups.strip() == "[]", r.stdout
     assert (work / "out").read_text() == "data"
+
+
+@pytest.mark.integration
+@needs_landlock
+@pytest.mark.skipif(os.geteuid() != 0 or sandbox.sandbox_ids() is None, reason="root hands the run to `nobody` only")
+@pytest.mark.skipif(not __import__("shutil").which("gcc"), reason="needs gcc (what Triton compiles its launcher with)")
+def test_a_run_under_a_root_only_folder_can_compile_with_gcc(tmp_path):
+    """As root, a run is `nobody`, which reaches a workspace under a root-only folder (/root; pytest's
+    /tmp/pytest-of-root) through CAP_DAC_READ_SEARCH, but gcc checks TMPDIR with access(2), which asks with no
+    capabilities; it fell back to /tmp and aborted (a cold compile of a new shape on the H100 as root: "Cannot
+    create temporary file in /tmp/"). The run's TMPDIR is then a folder of its own under /tmp."""
+    from autoresearch.experiment import execute
+    from autoresearch.gitops import GitRepo
+    from fixtures.cli import committed_repo
+    os.chmod(tmp_path, 0o700)                    # a root-only folder above the workspace
+    repo = committed_repo(tmp_path / "repo", {"a.c": "int f(void) { return 1; }\n"})
+    ws, _ = execute.make_workspace(GitRepo(repo), "HEAD", tmp_path / "work", None)
+    try:
+        assert not sandbox.reachable_by_others(ws.scratch) and ws.tmp is not None and sandbox.reachable_by_others(ws.tmp)
+        policy = tmp_path / "policy.json"
+        policy.write_text(json.dumps(execute.train_policy(_req_stub(), ws, [])))
+        gcc = f"gcc -O2 -shared -fPIC -o {ws.scratch}/a.so {ws.src}/a.c"
+        for tmpdir, ok in ((ws.tmp, True), (ws.scratch, False)):      # the control: TMPDIR in the workspace
+            p = subprocess.run([sys.executable, "-m", "autoresearch.harness.sandbox", str(policy), "--", "sh", "-c", gcc],
+                               env={**os.environ, "TMPDIR": str(tmpdir)}, capture_output=True, text=True)
+            assert (p.returncode == 0) == ok, (tmpdir, p.returncode, p.stderr[-500:])
+            if not ok:
+                assert "Cannot create temporary file" in p.stderr, p.stderr[-500:]
+    finally:
+        execute.remove_workspace(ws)
+    assert not ws.tmp.exists()
+
+
+def _req_stub():
+    """What train_policy reads of a request: the cache (its probe folder) and the data (none: hidden nothing)."""
+    import types
+    return types.SimpleNamespace(cache=Path("/nonexistent-cache"), tok_dir=None)

@@ -20,11 +20,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ class Workspace:
     data: Path              # the data view: meta.json and the tokenizer (the tokens come from the feed)
     job: Path               # the evaluator's folder for this experiment (buffers, eval.log)
     compile: Path | None = None   # the run's compile caches (compile_cache.run_root); None: scratch/cache
+    tmp: Path | None = None       # TMPDIR when it is not scratch (sandbox.reachable_by_others); None: scratch
 
     @classmethod
     def at(cls, root: Path, compile: Path | None = None) -> "Workspace":
@@ -72,7 +75,9 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None,
     archive = subprocess.run(["git", "-C", str(git.root), "archive", "--format=tar", commit], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(ws.src)], input=archive, check=True)
-    sandbox.give_to_sandbox(ws.src, ws.checkpoint, ws.scratch, ws.job)    # root: the run is `nobody` (sandbox.py)
+    if sandbox.sandbox_ids() is not None and not sandbox.reachable_by_others(ws.scratch):
+        ws = dataclasses.replace(ws, tmp=Path(tempfile.mkdtemp(prefix="ar-tmp-", dir="/tmp")))   # reachable by all
+    sandbox.give_to_sandbox(ws.src, ws.checkpoint, ws.scratch, ws.job, *([ws.tmp] if ws.tmp else []))
     return ws, (train_view(tok_dir, ws.data) if tok_dir is not None else [])   # None: a command objective
 
 
@@ -85,14 +90,15 @@ def seed_compile_cache(req: RunRequest, ws: Workspace) -> int:
 
 def remove_workspace(ws: Workspace) -> None:
     shutil.rmtree(ws.root, ignore_errors=True)
-    if ws.compile is not None:
-        shutil.rmtree(ws.compile, ignore_errors=True)
+    for d in (ws.compile, ws.tmp):
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def train_policy(req: RunRequest, ws: Workspace, data_files: list[Path]) -> dict:
     p = sandbox.base_policy()
     p["read"] += [str(ws.data), *map(str, data_files), str(req.cache / "probe")]
-    p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch), str(ws.caches)]
+    p["write"] += [str(ws.src), str(ws.checkpoint), str(ws.scratch), str(ws.caches), *([str(ws.tmp)] if ws.tmp else [])]
     p["hide"] = hidden_sources(req.tok_dir)      # the raw files validation text comes from (a builtin corpus's)
     return p
 
@@ -310,6 +316,8 @@ class TrainingRun:
         req, feed = self.req, self.feed
         env = req.to_environ(tok_view=self.ws.data, checkpoint_dir=self.ws.checkpoint, scratch=self.ws.scratch,
                              cache=self.ws.caches)
+        if self.ws.tmp is not None:
+            env["TMPDIR"] = str(self.ws.tmp)
         if feed is not None:
             env["AR_DATA_FD"] = str(feed.child_fd)
         spawned = time.time()

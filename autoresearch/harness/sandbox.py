@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import stat
 import platform
 import signal
 import sys
@@ -449,6 +450,14 @@ def _gpu_nodes_closed() -> bool:
         if stat.S_ISCHR(st.st_mode) and (st.st_mode & 0o006) != 0o006:
             return True
     return False
+
+
+def reachable_by_others(path) -> bool:
+    """Whether every folder above `path` lets any user through (o+x). A sandboxed `nobody` reaches its folders
+    under a root-only one (/root, pytest's /tmp/pytest-of-root) through CAP_DAC_READ_SEARCH, but access(2) asks
+    with no capabilities: gcc's check of TMPDIR fails there, and it falls back to /tmp, which it may not write."""
+    p = Path(path).resolve()
+    return all(os.stat(d).st_mode & stat.S_IXOTH for d in p.parents)
 
 
 def give_to_sandbox(*paths) -> None:
