@@ -505,10 +505,12 @@ class Ledger:
             return list(self._cache[1])
 
     def best_kept(self) -> Row | None:
-        """The kept row with the best value (the lowest val_bpb; `sign` -1 for an objective to maximise), the first
-        of equals, or None."""
+        """The best: the last kept row, or None. A keep is decided against the best of its time, so the last one
+        is the best: on one run past a threshold it has the best value too, but on several runs (decide.py) a row's
+        value is the mean of the runs that kept it, chosen for being good, and an older keep's can be lower than
+        a newer keep that beat its fresh runs."""
         kept = [r for r in self.rows() if r.status is Status.KEEP and r.val_bpb is not None]
-        return min(kept, key=lambda r: self.sign * r.val_bpb) if kept else None
+        return kept[-1] if kept else None
 
     def exp_dir(self, exp_id: int, commit: str) -> Path:
         """runs/<tag>/<NNNN>-<sha7>/, created. An experiment with no commit (rejected) gets NNNN-none."""

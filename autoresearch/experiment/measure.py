@@ -24,8 +24,9 @@ from ..files import write_json
 from ..ledger import Row, Status
 
 TOP_UP = 3                 # runs of the best after its keep (the calibration's count for the baseline)
-GROW, CAP = 2, 8           # then one run more for every GROW candidates judged against it, up to CAP runs: a best
+GROW, CAP = 4, 6           # then one run more for every GROW candidates judged against it, up to CAP runs: a best
                            # whose runs were lucky stands longest, and blocks real gains, unless it is measured again
+FRESH_DF = 6               # σ from the best's fresh runs alone once they have this many degrees of freedom
 COUNTED = (Status.KEEP, Status.DISCARD, Status.VALIDATION)
 DECISION = "decision.json"
 _FILES = ("train.log", "record.json", "metrics.json", "timing.json", "eval.log")
@@ -76,17 +77,23 @@ def _row_runs(lp, r: Row) -> list[float]:
 
 
 def sigma(lp) -> float | None:
-    """The noise of one run, pooled over groups of runs that were not chosen together: each decided candidate's
-    runs, and per commit its runs measured apart from any decision (the baseline's calibration, the best measured
-    again). A kept candidate's runs were chosen for being good: pooled with its later runs their spread is
-    partly that choice, not noise."""
+    """The noise of one run, from runs measured apart from any decision: per commit, the baseline's calibration
+    and the best measured again. A candidate's runs were chosen by the rule that stopped them (kept when they
+    agreed on a gain, discarded when one was bad), so their spread reads low (σ 0.019 for a true 0.02 in
+    bench_decisions): they join only while the others have fewer than FRESH_DF degrees of freedom."""
     rows = lp.ledger.rows()
-    groups: dict = {}
+    fresh: dict = {}
+    decided: list[list[float]] = []
     for r in rows:
         if r.commit and r.val_bpb is not None and r.status in COUNTED:
-            key = (r.commit, r.exp_id) if _decided(lp, r) else (r.commit, None)
-            groups.setdefault(key, []).extend(_row_runs(lp, r))
-    return pooled_sigma(list(groups.values())) or None
+            if _decided(lp, r):
+                decided.append(_row_runs(lp, r))
+            else:
+                fresh.setdefault(r.commit, []).append(r.val_bpb)
+    groups = list(fresh.values())
+    if sum(len(g) - 1 for g in groups if len(g) > 1) < FRESH_DF:
+        groups += decided
+    return pooled_sigma(groups) or None
 
 
 def evidence(lp, runs: list[float]) -> Evidence | None:
