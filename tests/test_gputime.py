@@ -54,14 +54,15 @@ class NvmlStandIn:
             self.value = value
             super().__init__({6: "Not Found", 4: "Insufficient Permissions"}.get(value, str(value)))
 
-    def __init__(self, samples=(), refuse=None):
-        self.samples, self.refuse = list(samples), refuse
+    def __init__(self, samples=(), refuse=None, gpus=1):
+        self.samples, self.refuse, self.gpus = list(samples), refuse, gpus
+        self.other: list = []         # GPU 1's samples
 
     def nvmlInit(self):
         pass
 
     def nvmlDeviceGetCount(self):
-        return 1
+        return self.gpus
 
     def nvmlDeviceGetHandleByIndex(self, i):
         return i
@@ -69,7 +70,8 @@ class NvmlStandIn:
     def nvmlDeviceGetProcessUtilization(self, handle, last):
         if self.refuse:
             raise self.NVMLError(self.refuse)
-        new = [types.SimpleNamespace(pid=p, timeStamp=t, smUtil=sm) for p, t, sm in self.samples if t > last]
+        new = [types.SimpleNamespace(pid=p, timeStamp=t, smUtil=sm) for p, t, sm in (self.other if handle else
+                                                                                     self.samples) if t > last]
         if not new:
             raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
         return new
@@ -89,6 +91,19 @@ def test_the_meter_counts_the_runs_processes_as_they_come_and_skips_what_came_be
     pids.add(11)                                                       # a child of the run, started later
     nv.samples += [(11, t0 + 600_000, 50), (10, t0 + 800_000, 100)]
     assert meter.seconds() == pytest.approx(0.2 + 0.1 + 0.2)
+    meter.stop()
+
+
+def test_another_gpus_samples_do_not_shorten_the_period():
+    """Two GPUs sampled 0.2 s apart each, offset by 0.1 s: merged, the gaps would read 0.1 s and halve the run's
+    GPU seconds (another slot training on the other GPU)."""
+    nv = NvmlStandIn(gpus=2)
+    meter, _ = gputime.open_meter(nv)
+    meter.start(lambda: {10})
+    t0 = meter._last[0]
+    nv.samples = [(10, t0 + k * 200_000, 100) for k in range(1, 11)]           # the run: 2 s at 100 % on GPU 0
+    nv.other = [(20, t0 + 100_000 + k * 200_000, 100) for k in range(1, 11)]   # another slot on GPU 1
+    assert meter.seconds() == pytest.approx(2.0)
     meter.stop()
 
 

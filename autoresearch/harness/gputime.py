@@ -49,7 +49,8 @@ class GpuMeter:
 
     def __init__(self, nvml, handles: list):
         self.nv, self.handles = nvml, handles
-        self.samples: list[tuple[int, int, int]] = []     # every process's: the period is the GPU's, not the run's
+        self.samples: list[list[tuple[int, int, int]]] = [[] for _ in handles]   # per GPU, every process's: the
+        # period is read per GPU (another GPU's samples, another slot's, would halve the gaps between them)
         self.pids: set[int] = set()                        # every process of the run seen at a read
         self._last = [0] * len(handles)
         self._stop = threading.Event()
@@ -70,7 +71,7 @@ class GpuMeter:
 
     def read(self) -> None:
         """One read of every GPU's samples since the last."""
-        pids, new = self._pids_of(), []
+        pids, new = self._pids_of(), [[] for _ in self.handles]
         for i, h in enumerate(self.handles):
             try:
                 got = self.nv.nvmlDeviceGetProcessUtilization(h, self._last[i])
@@ -78,16 +79,17 @@ class GpuMeter:
                 continue
             for s in got:
                 self._last[i] = max(self._last[i], s.timeStamp)
-                new.append((s.pid, s.timeStamp, s.smUtil))
+                new[i].append((s.pid, s.timeStamp, s.smUtil))
         with self._lock:
             self.pids |= pids
-            self.samples += new
+            for mine, more in zip(self.samples, new):
+                mine += more
 
     def seconds(self) -> float:
-        """GPU seconds of the run's processes so far (read first, so the last period counts)."""
+        """GPU seconds of the run's processes so far, on every GPU (read first, so the last period counts)."""
         self.read()
         with self._lock:
-            return busy_seconds(self.samples, self.pids, sample_period(t for _, t, _ in self.samples))
+            return sum(busy_seconds(got, self.pids, sample_period(t for _, t, _ in got)) for got in self.samples)
 
     def stop(self) -> None:
         self._stop.set()
