@@ -1,41 +1,51 @@
 #!/usr/bin/env bash
 # The keep decision on a GPU (issue: decisions with power). One call on the GPU host, from the repo root:
-#   BUDGET=15 bash bench/gpu_decisions.sh
+#   BUDGET=15 BATCH=2**17 bash bench/gpu_decisions.sh          (then RESUME=1 bash bench/gpu_decisions.sh on the
+#                                                              same warm machine: the session goes on where it stopped)
 # `ar init` workspace, builtin-site corpus, the baseline handicapped (each step sleeps 15 % of its own time,
 # so it is 15 % slower per step), the noise calibrated (3 runs), then a scripted agent proposes six near-null
 # edits of LR_MULT (1.005, 0.995, 1.01, 0.99, 1.02, 0.98) after the real improvement (the handicap removed;
 # PLAN=null-first: before it).
-# Expected: no near-null edit kept; the improvement kept. Two slots on one GPU (--gpus 0,0).
+# Expected: no near-null edit kept; the improvement kept. GPUS=0 (default): one slot; 0,0: two on one GPU (a
+# neighbour's evaluation then takes GPU time from a window: more noise).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-BUDGET=${BUDGET:-15}; LIMIT=${LIMIT:-480}
+BUDGET=${BUDGET:-15}; LIMIT=${LIMIT:-480}; BATCH=${BATCH:-2**19}; GPUS=${GPUS:-0}
 t0=$(date +%s)
+REPO=$PWD; ws=/tmp/ws-dec
+if [[ -n ${RESUME:-} ]]; then SKIP_INSTALL=1; fi
 if [[ -z ${SKIP_INSTALL:-} ]]; then
   python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
 fi
 date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-export AR_CACHE=/tmp/arcache
-python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
+export AR_CACHE=/tmp/arcache-dec
+[[ -n ${RESUME:-} ]] || python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
-REPO=$PWD
-ws=/tmp/ws-dec; rm -rf "$ws"
+if [[ -z ${RESUME:-} ]]; then
+rm -rf "$ws"
 python3 -m autoresearch init "$ws" >/dev/null
 cd "$ws"
-python3 - <<'PY'
+BATCH="$BATCH" python3 - <<'PY'
+import os, re
 from pathlib import Path
 p = Path("train.py"); s = p.read_text()
 old = "            dt = time.time() - t0\n"
 assert s.count(old) == 1
-p.write_text(s.replace(old, "            time.sleep(0.15 * (time.time() - t0))           # HANDICAP: 15 % slower steps\n" + old))
+s = s.replace(old, "            time.sleep(0.15 * (time.time() - t0))           # HANDICAP: 15 % slower steps\n" + old)
+s, n = re.subn(r"^TOTAL_BATCH_SIZE = \S+", f"TOTAL_BATCH_SIZE = {os.environ['BATCH']}", s, count=1, flags=re.M)
+assert n == 1
+p.write_text(s)
 PY
-git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped: each step 15 % slower"
+git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped: each step 15 % slower (batch $BATCH)"
 printf 'dataset: builtin-site\n' > ar.yaml
+fi
+cd "$ws"
 start=$(date +%s)
-timeout -s INT "$LIMIT" python3 -m autoresearch run --tag dec --max-experiments 14 --time-budget "$BUDGET" \
-    --config ar.yaml --gpus 0,0 --agent "python3 $REPO/bench/agents/near_null_agent.py {prompt_file}" > "$OUT/dec.log" 2>&1
+timeout -s INT "$LIMIT" python3 -m autoresearch run --tag dec --max-experiments ${MAX_EXP:-14} --time-budget "$BUDGET" \
+    --config ar.yaml --gpus "$GPUS" --agent "python3 $REPO/bench/agents/near_null_agent.py {prompt_file}" >> "$OUT/dec.log" 2>&1
 echo "ar run: $(( $(date +%s) - start )) s"
 grep -E "^noise|^[0-9]{4} " "$OUT/dec.log" | cut -c1-400
 cp runs/dec/results.tsv "$OUT/results.tsv"
