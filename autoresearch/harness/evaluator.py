@@ -135,10 +135,16 @@ class Release:
 class Zygote:
     """The fork server (zygote.py) that makes one fresh sandboxed model process per evaluation."""
 
-    def __init__(self, log):
-        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.zygote"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
-                                     cwd="/")   # in the evaluator's process group: whoever stops that stops both
+    def __init__(self, log, fork: bool = False):
+        """`fork`: forked from this process (the evaluator: single-threaded, no data read yet), saving the fork
+        server's own torch import; else a new interpreter (`log` its stderr)."""
+        if fork:
+            from .zygote import fork_server
+            self.proc = fork_server()
+        else:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-m", "autoresearch.harness.zygote"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         bufsize=1, cwd="/")   # in the evaluator's process group: stopped with it
         self.ready = False
 
     def _start(self) -> None:
@@ -742,7 +748,7 @@ def _run(req: dict, zygote: Zygote, release: Release, cache: dict) -> None:
 def serve() -> int:
     """A session's evaluator: one request (a JSON line) at a time; "prestart ID", "go ID" / "stop ID"; "done ID"."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))     # ar's stop: the finally below still runs
-    zygote = Zygote(sys.stderr)
+    zygote = Zygote(sys.stderr, fork=True)
     cache: dict = {}
     try:
         for line in sys.stdin:
@@ -764,10 +770,9 @@ def serve() -> int:
 def main(argv: list[str]) -> int:
     if argv == ["serve"]:
         return serve()
-    req = json.loads(Path(argv[0]).read_text())
-    zygote = Zygote(sys.stderr)
+    zygote = Zygote(sys.stderr, fork=True)        # forked before the request is read: it holds nothing of it
     try:
-        _run(req, zygote, Release(None, sys.stdin.readline), {})
+        _run(json.loads(Path(argv[0]).read_text()), zygote, Release(None, sys.stdin.readline), {})
     finally:
         zygote.close()
         remove_owner_files(os.getpid())

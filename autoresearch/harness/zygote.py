@@ -16,14 +16,21 @@ A job {"owner": true, "job_dir", "rows", "seq_len", "vocab", "device"} is a mode
 (`owner`): trusted, not sandboxed, in the zygote's environment, its stderr the evaluator's log, its FIFOs in a
 private folder of the evaluator's. A child of the zygote because the zygote has torch imported and no CUDA
 context, so that a forked child can start one.
+
+The evaluator starts it with `fork_server()`: forked from itself right after importing torch, before it reads any
+request (so it holds no data yet), rather than as a new interpreter that imports torch again (about 1.2 CPU-s a
+session). Elsewhere (a test beside other threads) it is started as above.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import subprocess
 import sys
+import time
 import traceback
 
 from . import sandbox, worker
@@ -128,6 +135,81 @@ def _serve() -> int:
                 os._exit(code if isinstance(code, int) else 1)
         print(f"pid {pid}", flush=True)
     return 0
+
+
+class Forked:
+    """The fork server as a child of this process, with the parts of `subprocess.Popen` that the evaluator uses:
+    `stdin`/`stdout` (text, line-buffered), `pid`, `returncode`, `poll`, `wait`, `terminate`, `kill`."""
+
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout, self.returncode = pid, stdin, stdout, None
+        try:
+            self._fd = os.pidfd_open(pid)      # readable once the child has exited: waits without polling
+        except (AttributeError, OSError):
+            self._fd = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired("the model fork server", timeout)
+            if self._fd is not None:
+                select.select([self._fd], [], [], left)
+            else:
+                time.sleep(0.01 if left is None else min(0.01, left))
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def fork_server() -> Forked:
+    """Import torch here, then fork the fork server from this process (single-threaded, holding no data yet):
+    stdin and stdout are pipes to this process, stderr stays this process's, every other descriptor is closed,
+    cwd is /, and it stays in this process group (whoever stops the evaluator stops both)."""
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.dup2(down_r, 0)
+            os.dup2(up_w, 1)
+            os.closerange(3, 1 << 16)          # nothing of the evaluator's pipes or files reaches the fork server
+            os.chdir("/")
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            code = main()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sandbox.exit_now(code if isinstance(code, int) else 1)
+    os.close(down_r)
+    os.close(up_w)
+    return Forked(pid, open(down_w, "w", buffering=1), open(up_r, "r", buffering=1))
 
 
 if __name__ == "__main__":
