@@ -249,6 +249,27 @@ def test_prestarted_workers_load_nothing_of_the_proposal_before_go_and_score_the
     assert set(early["seconds"]) >= {"ready", "main", "fresh", "after_go"}, early
 
 
+@pytest.mark.integration
+def test_the_fork_server_is_forked_before_any_request_and_keeps_nothing_of_the_evaluators_descriptors(tmp_path,
+                                                                                                        server, job):
+    """The evaluator forks its model fork server right after importing torch (one import a session, not two):
+    the fork server must hold only its own pipes to the evaluator and the log (0, 1, 2), never the evaluator's
+    pipes to ar or any file it opened, and it stays in the evaluator's process group."""
+    import psutil
+    tok = handmade(tmp_path, [0, 1, 2, 3])
+    assert server.score(job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2))["val_bpb"] is not None
+    ev = psutil.Process(server.proc.pid)
+    (zy,) = [c for c in ev.children() if c.status() != psutil.STATUS_ZOMBIE]
+    assert zy.cmdline() == ev.cmdline()                   # forked from the evaluator, not a new interpreter
+    fds = sorted(int(f) for f in os.listdir(f"/proc/{zy.pid}/fd"))
+    assert fds == [0, 1, 2], fds
+    ev_pipes = {os.readlink(f"/proc/{ev.pid}/fd/{f}") for f in (0, 1)}      # the evaluator's pipes to ar
+    zy_pipes = {os.readlink(f"/proc/{zy.pid}/fd/{f}") for f in (0, 1)}
+    assert all(p.startswith("pipe:") for p in zy_pipes) and not zy_pipes & ev_pipes, (zy_pipes, ev_pipes)
+    assert os.readlink(f"/proc/{zy.pid}/fd/2") == os.readlink(f"/proc/{ev.pid}/fd/2")   # its log is the evaluator's
+    assert os.getpgid(zy.pid) == os.getpgid(ev.pid) and zy.cwd() == "/"
+
+
 def test_changed_data_is_rejected_before_the_model_runs(tmp_path, server, job):
     tok = handmade(tmp_path, [0, 1, 2, 3])
     req = job(tok, [0.0] * 4, eval_tokens=2 * T, rows=2)
