@@ -140,16 +140,7 @@ class SequentialRule:
 
     def detectable(self, sigma: float, n_best: int, chance: float = 0.8) -> float:
         """The smallest true gain (in the unit) kept with this probability."""
-        lo, hi = 0.0, 10.0
-        c = _keep_constant(self.alpha, self.max_runs, n_best)
-        paths = _paths(self.max_runs, n_best)
-        for _ in range(20):
-            mid = (lo + hi) / 2
-            if sum(_kept(p, mid, c, self.max_runs, n_best) for p in paths) / _TRIALS >= chance:
-                hi = mid
-            else:
-                lo = mid
-        return hi * sigma + self.min_gain
+        return _detectable_sigmas(self.alpha, self.max_runs, n_best, chance) * sigma + self.min_gain
 
 
 def pooled_sigma(groups: list[list[float]]) -> float | None:
@@ -188,6 +179,21 @@ def _kept(path: tuple[float, ...], gain_sigmas: float, c: float, max_runs: int, 
         if n >= max_runs or z < DISCARD_BARS[min(n, len(DISCARD_BARS)) - 1]:
             return False
     return False
+
+
+@functools.lru_cache(maxsize=64)
+def _detectable_sigmas(alpha: float, max_runs: int, n_best: int, chance: float) -> float:
+    """The smallest true gain, in σ (the rule is the same at every σ), kept with probability `chance`."""
+    lo, hi = 0.0, 10.0
+    c = _keep_constant(alpha, max_runs, n_best)
+    paths = _paths(max_runs, n_best)
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        if sum(_kept(p, mid, c, max_runs, n_best) for p in paths) / _TRIALS >= chance:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 @functools.lru_cache(maxsize=64)

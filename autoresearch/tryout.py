@@ -15,10 +15,12 @@ It was not trained on ar's clock nor in the sandbox, so it is shown beside the b
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import budgets as budgets_mod
 from . import config as config_mod
 from . import tags
 from .config import RunConfig
@@ -49,6 +51,8 @@ class TryResult:
     noise: float
     folder: Path              # its train.log, record.json, metrics.json
     kept_would_be: bool = False
+    seconds: float | None = None   # wall time from the run's start to its score
+    epochs: float = 0.0            # epochs of the training split its window was served
 
     def lines(self) -> list[str]:
         head = (f"{self.what}: val_bpb {self.val_bpb:.6f}" if self.val_bpb is not None else
@@ -114,21 +118,35 @@ class Tryout(Loop):
         if self.cfg.objective.custom:
             raise ConfigError("ar try scores val_bpb; a command objective's tag is tried with `ar run`")
         changed = self.git.tracked_changes(self.best_sha)
+        sha = self.git._git("stash", "create", "ar try") or self.best_sha     # the tree as a commit, no ref
+        what = (f"working tree ({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''} changed) on "
+                f"{short(self.best_sha)}" if changed else f"{short(self.best_sha)} as committed")
+        return self._trial(sha, what, self.budget(None), self.cfg.seed)
+
+    def noise_run(self, budget: float, seed: int) -> TryResult:
+        """Train the tag's best as committed once at `budget` with `seed` (`ar noise`): a trial like `ar try`'s."""
+        if self.cfg.objective.custom:
+            raise ConfigError("ar noise measures val_bpb; a command objective's noise is measured by `ar run`'s "
+                              "calibration")
+        return self._trial(self.best_sha, f"noise: {short(self.best_sha)} at {budget:g} s, seed {seed}", budget, seed)
+
+    def _trial(self, sha: str, description: str, budget: float, seed: int) -> TryResult:
         n, x = self._next("trial")
-        x.sha = self.git._git("stash", "create", "ar try") or self.best_sha   # the tree as a commit, no ref
-        x.description = (f"working tree ({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''} changed) on "
-                         f"{short(self.best_sha)}" if changed else f"{short(self.best_sha)} as committed")
+        x.sha, x.description = sha, description
         x.exp_dir = self.tag_dir / f"trial-{n:04d}-{short(x.sha)}"   # beside the experiments: the guards' own
         x.exp_dir.mkdir(parents=True, exist_ok=True)
         ctx = self.slot_context(self.slots[0])
-        budget, seed = self.budget(None), self.cfg.seed
         write_json(x.exp_dir / "spec.json", {"id": n, "kind": "trial", "commit": x.sha, "parent": x.parent,
                                              "time_budget": budget, "seed": seed, "eval_tokens": self.eval_tokens,
                                              "profile": self.profile.name, "description": x.description})
         (x.exp_dir / "diff.patch").write_text(self.git.diff(self.best_sha, x.sha))
         self.emit(Event("start", x.description, spec=x.spec))
+        t0 = time.monotonic()
         result, stopped_by = self.executor.train(self, ctx, x, budget, seed)
         status, reason, m = settle.classify(self, ctx, x, result, stopped_by, budget)
+        seconds = time.monotonic() - t0
+        phases = x.outcome.phases if x.outcome is not None else {}
+        served, split = phases.get("feed_tokens") or 0, phases.get("train_tokens") or 0
         x.time_budget, x.seed = budget, seed
         x.val_bpb = m.val_bpb if status is None else None
         best = self.ledger.best_kept()
@@ -147,7 +165,7 @@ class Tryout(Loop):
                   reason=reason, started_at=x.started_at)
         self.trials.append(row)
         return TryResult(self.tag, f"trial {n:04d}, {x.description}", x.val_bpb, status, reason, best,
-                         self.noise, x.exp_dir, would)
+                         self.noise, x.exp_dir, would, seconds, served / split if split else 0.0)
 
     # ------------------------------------------------------------------------------------------ eval
     def eval_checkpoint(self, folder: Path) -> TryResult:
@@ -208,3 +226,24 @@ def run(cfg: RunConfig, repo: Path, tag: str | None, action: Callable[[Tryout], 
     cfg = tag_config(cfg, RunsLayout(git.root), choice.tag)
     with Tryout(cfg, git.root, choice.tag, on_event=on_event, command=command) as t:
         return action(t)
+
+
+def measure_budgets(t: Tryout, budgets: list[float], runs: int, on_run=None) -> list[budgets_mod.BudgetNoise]:
+    """`ar noise`: the tag's best trained `runs` times at each budget (shortest first), seeds from ar (the
+    tag's seed + 0, 1, ...): the same seeds at every budget, so the budgets differ in nothing else."""
+    out = []
+    for budget in sorted(budgets):
+        b = budgets_mod.BudgetNoise(budget)
+        out.append(b)
+        for i in range(runs):
+            r = t.noise_run(budget, t.cfg.seed + i)
+            if r.status is None and r.val_bpb is not None:
+                b.values.append(r.val_bpb)
+            else:
+                b.failed.append(f"seed {t.cfg.seed + i}: {r.status.value if r.status else 'no score'} ({r.reason})")
+            if r.seconds and (out[0] is not b or i or runs == 1):   # the first run also starts the evaluator
+                b.seconds.append(r.seconds)                             # and fills the compile cache: not timed
+            b.epochs = max(b.epochs, r.epochs)
+            if on_run is not None:
+                on_run(budget, i, r)
+    return out

@@ -249,6 +249,38 @@ def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp
 
 
 @pytest.mark.e2e
+def test_ar_noise_trains_the_best_at_each_budget_with_ars_seeds_and_recommends_one(tmp_path, prepared_cache,
+                                                                                   monkeypatch):
+    from autoresearch.gitops import GitRepo
+    from autoresearch.session import Loop
+    from test_loop import cfg, make_repo
+
+    for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    root = make_repo(tmp_path, SEED_NOISE=0.05)          # val_bpb moves with the seed, not with the budget
+    Loop(cfg(noise=0.002), root, "t", None).run()
+    head, results = GitRepo(root).head_sha(), (root / "runs" / "t" / "results.tsv").read_bytes()
+    bad = run_ar("noise", "--budgets", "0.5,soon", cwd=root)
+    assert bad.returncode == 2 and "is not a list of budgets" in bad.stderr and "Traceback" not in bad.stderr
+    r = run_ar("noise", "--budgets", "2,0.5", "--runs", "2", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [ln for ln in r.stdout.splitlines() if ln.startswith(("budget ", "recommended", "σ from"))]
+    assert said[0].startswith("budget 0.5 s: val_bpb ") and said[1].startswith("budget 2 s: val_bpb "), r.stdout
+    assert "smallest gain kept 4 in 5" in said[0]
+    # the same seeds at both budgets and a stand-in whose score ignores the budget: the same noise, so the
+    # cheaper run wins
+    assert said[2].startswith("recommended: --time-budget 0.5 "), r.stdout
+    assert said[3].startswith("σ from 2 runs is rough"), said
+    trials = read_results(root / "runs" / "t" / "trials.tsv")
+    assert [(t.time_budget, t.seed) for t in trials] == [(0.5, 42), (0.5, 43), (2.0, 42), (2.0, 43)]
+    assert all(t.status is Status.TRIAL and t.commit == head[:7] for t in trials)
+    assert trials[0].val_bpb != trials[1].val_bpb and trials[0].val_bpb == pytest.approx(trials[2].val_bpb)
+    doc = json.loads((root / "runs" / "t" / "noise-budgets.json").read_text())
+    assert [x["budget"] for x in doc["budgets"]] == [0.5, 2.0] and doc["lines"][-2] == said[2]
+    assert GitRepo(root).head_sha() == head and (root / "runs" / "t" / "results.tsv").read_bytes() == results
+
+
+@pytest.mark.e2e
 def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_checkpoint(tmp_path, prepared_cache,
                                                                                       monkeypatch):
     import os

@@ -54,3 +54,44 @@ def eval_(checkpoint: Annotated[Path, typer.Argument(metavar="CHECKPOINT", help=
     result = tryout.run(cfg, repo, tag, lambda t: t.eval_checkpoint(folder),
                         on_event=LiveView(), command="ar " + " ".join(sys.argv[1:]))
     _show(result)
+
+
+def _budgets(text: str) -> list[float]:
+    try:
+        out = sorted({float(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        out = []
+    if not out or min(out) <= 0:
+        raise typer.BadParameter(f"{text!r} is not a list of budgets in seconds: give them comma-separated, "
+                                 "for example --budgets 60,150,300")
+    return out
+
+
+@app.command("noise")
+def noise(budgets: Annotated[str, typer.Option(help="Training budgets to compare, in seconds, comma-separated.")]
+          = "60,150,300",
+          runs: Annotated[int, typer.Option(min=2, help="Runs at each budget (seeds from ar).")] = 3,
+          repo: RepoOpt = Path("."), tag: TagOpt = None, config: ConfigOpt = None) -> None:
+    """Measure the noise of the tag's best at several budgets (each trained RUNS times with ar's seeds, as an
+    experiment runs) and recommend the budget that tells the smallest gains from noise per hour of GPU. Nothing
+    is committed; each run is a trial in runs/TAG/trials.tsv, the table in runs/TAG/noise-budgets.json."""
+    from ..budgets import table
+    from ..files import write_json
+
+    wanted = _budgets(budgets)
+    cfg = load_config(config, {})
+    view = LiveView()
+
+    def measure(t: tryout.Tryout):
+        rows = tryout.measure_budgets(t, wanted, runs)
+        lines = table(rows)
+        write_json(t.tag_dir / "noise-budgets.json", {
+            "commit": t.best_sha, "runs": runs, "lines": lines,
+            "budgets": [{"budget": r.budget, "values": r.values, "seconds": r.seconds, "epochs": r.epochs,
+                         "sigma": r.sigma, "failed": r.failed} for r in rows]})
+        return lines
+
+    with view.live:
+        lines = tryout.run(cfg, repo, tag, measure, on_event=view, command="ar " + " ".join(sys.argv[1:]))
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
