@@ -70,6 +70,7 @@ import traceback
 from pathlib import Path
 
 from .env import KEPT_ENV  # noqa: E402
+from .sandbox import owner_files, remove_owner_files
 
 FILES = ("meta.json", "tokenizer.json", "token_bytes.npy", "val.bin", "val.idx.npy")
 
@@ -561,26 +562,6 @@ def _retire(zygote: Zygote, procs: list[_Worker], spare: list[_Worker] = ()) -> 
             if p.kind == "owner":
                 remove_owner_files(p.pid, p.files)
                 shutil.rmtree(p.dir, ignore_errors=True)
-
-
-def owner_files(pid: int) -> list[str]:
-    """The files in /dev/shm named for a buffer owner's pid: the CUDA driver's of the exporting process
-    (`cuda.shm.<n>.<pid in hex>.<n>`) and torch's reference counts (`torch_<pid>_<n>_<n>`)."""
-    import glob
-    return sorted(set(glob.glob(f"/dev/shm/cuda.shm.*.{pid:x}.*") + glob.glob(f"/dev/shm/torch_{pid}_*")))
-
-
-def remove_owner_files(pid: int, files=()) -> list[str]:
-    """Remove a reaped owner's files in /dev/shm (`files`, the ones its worker could write, and any other named
-    for its pid); returns those removed."""
-    gone = []
-    for f in sorted(set(files) | set(owner_files(pid))):
-        try:
-            os.unlink(f)
-            gone.append(f)
-        except FileNotFoundError:
-            pass
-    return gone
 
 
 def ipc_policy(policy: dict, files: list[str]) -> dict:

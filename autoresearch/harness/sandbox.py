@@ -314,6 +314,26 @@ def _kill_below(me: int, spare=()) -> None:
                 time.sleep(0.01)
 
 
+def owner_files(pid: int) -> list[str]:
+    """The files in /dev/shm named for a buffer owner's pid: the CUDA driver's of the exporting process
+    (`cuda.shm.<n>.<pid in hex>.<n>`) and torch's reference counts (`torch_<pid>_<n>_<n>`)."""
+    import glob
+    return sorted(set(glob.glob(f"/dev/shm/cuda.shm.*.{pid:x}.*") + glob.glob(f"/dev/shm/torch_{pid}_*")))
+
+
+def remove_owner_files(pid: int, files=()) -> list[str]:
+    """Remove a reaped owner's files in /dev/shm (`files`, the ones its worker could write, and any other named
+    for its pid); returns those removed."""
+    gone = []
+    for f in sorted(set(files) | set(owner_files(pid))):
+        try:
+            os.unlink(f)
+            gone.append(f)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
 def stop_on_end_of_input(proc, *, grace: float, kill=None) -> None:
     """Stop a helper process that cleans up and leaves when its stdin closes: close it and wait `grace` seconds;
     then SIGTERM and 5 s more; then `kill()` (default: SIGKILL to the process). Returns once it is reaped."""

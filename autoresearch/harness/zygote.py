@@ -34,7 +34,7 @@ import time
 import traceback
 
 from . import sandbox, worker
-from .evaluator import remove_owner_files
+from .sandbox import remove_owner_files
 
 
 def _child(job: dict) -> int:
@@ -66,7 +66,7 @@ def owner(job: dict) -> int:
     """A model worker's buffer owner: allocate its input and output buffers on the GPU, export them (CUDA IPC
     handles, pickled, as hex: "ready HEX"), keep them until "exit" or the end of input. The files in /dev/shm
     named for its pid are the only ones there its worker may write; the evaluator removes them once both are
-    reaped (evaluator.remove_owner_files), and any left by a dead process of the same pid go first, here."""
+    reaped (sandbox.remove_owner_files), and any left by a dead process of the same pid go first, here."""
     import pickle
 
     import torch
