@@ -145,8 +145,6 @@ class Tryout(Loop):
         result, stopped_by = self.executor.train(self, ctx, x, budget, seed)
         status, reason, m = settle.classify(self, ctx, x, result, stopped_by, budget)
         seconds = time.monotonic() - t0
-        phases = x.outcome.phases if x.outcome is not None else {}
-        served, split = phases.get("feed_tokens") or 0, phases.get("train_tokens") or 0
         x.time_budget, x.seed = budget, seed
         x.val_bpb = m.val_bpb if status is None else None
         best = self.ledger.best_kept()
@@ -165,7 +163,7 @@ class Tryout(Loop):
                   reason=reason, started_at=x.started_at)
         self.trials.append(row)
         return TryResult(self.tag, f"trial {n:04d}, {x.description}", x.val_bpb, status, reason, best,
-                         self.noise, x.exp_dir, would, seconds, served / split if split else 0.0)
+                         self.noise, x.exp_dir, would, seconds, settle.epochs(x)[0])
 
     # ------------------------------------------------------------------------------------------ eval
     def eval_checkpoint(self, folder: Path) -> TryResult:

@@ -160,14 +160,21 @@ def decide_and_record(lp, x: Experiment, result, status: Status | None, reason: 
     return row
 
 
-def epochs_note(x: Experiment) -> str | None:
-    """A window that served more than one epoch of the training split (ar's feed counts it): on repeated data
-    seeds spread far more widely, and a gain is hard to tell from one."""
+def epochs(x: Experiment) -> tuple[float, int]:
+    """(epochs of the training split its window was served, the split's tokens; 0 where unknown): ar's feed
+    counts them."""
     p = x.outcome.phases if x.outcome is not None else {}
     served, split = p.get("feed_tokens") or 0, p.get("train_tokens") or 0
-    if not split or served <= split:
+    return (served / split if split else 0.0), split
+
+
+def epochs_note(x: Experiment) -> str | None:
+    """A window that served more than one epoch of the training split: on repeated data seeds spread far more
+    widely, and a gain is hard to tell from one."""
+    n, split = epochs(x)
+    if n <= 1:
         return None
-    return (f"its window trained {served / split:.1f} epochs of the {split / 1e6:.1f} M-token training split: "
+    return (f"its window trained {n:.1f} epochs of the {split / 1e6:.1f} M-token training split: "
             "results on repeated data spread widely; use a bigger corpus or a shorter budget")
 
 
