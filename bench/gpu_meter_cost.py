@@ -21,22 +21,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autoresearch.experiment import execute  # noqa: E402
 from autoresearch.harness import gputime, logfmt  # noqa: E402
 
 SKIP = 10          # compile and warm-up steps left out
-
-
-def tree(pid: int) -> set[int]:
-    try:
-        p = psutil.Process(pid)
-        return {pid, *(c.pid for c in p.children(recursive=True))}
-    except psutil.NoSuchProcess:
-        return set()
 
 
 def one(work: Path, budget: int, metered: bool) -> tuple[float, int, float]:
@@ -49,7 +41,7 @@ def one(work: Path, budget: int, metered: bool) -> tuple[float, int, float]:
         meter, why = gputime.open_meter()
         if meter is None:
             raise SystemExit(f"no meter here: {why}")
-        meter.start(lambda: tree(proc.pid))
+        meter.start(lambda: execute.tree_pids(proc))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
