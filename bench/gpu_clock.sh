@@ -13,9 +13,9 @@ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,no
 python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 K=/tmp/gpu-clock-out; mkdir -p $K; chmod 777 $K
 export AR_CACHE=/tmp/arcache     # one cache: the corpus is prepared once (the user's run finds its compiles warm)
-AR_TEST_OUT=$K python3 -m pytest -p no:cacheprovider -n 0 -q -s -m gpu tests/test_gpu_clock.py 2>&1 | tee "$OUT/root.log" | grep -E "^(baseline|new shape|attack|grandchild) |passed|failed|Error|assert" | head -40
+AR_TEST_OUT=$K python3 -m pytest -p no:cacheprovider -n 0 -q -s -m gpu tests/test_gpu_clock.py 2>&1 | tee "$OUT/root.log" | grep -E "^(credit|baseline|new shape|attack|grandchild)[ :]|passed|failed|Error|assert" | head -40
 id u1 >/dev/null 2>&1 || useradd -m u1
 chmod -R a+rX . ; chmod -R a+rwX "$AR_CACHE" "$OUT"
 runuser -u u1 -- env AR_CACHE=$AR_CACHE AR_TEST_OUT=$K PYTHONUNBUFFERED=1 python3 -m pytest -p no:cacheprovider -n 0 -q -s -m gpu \
-    tests/test_gpu_clock.py 2>&1 | tee "$OUT/user.log" | grep -E "^(baseline|new shape|attack|grandchild) |passed|failed|Error|assert" | head -40
+    tests/test_gpu_clock.py 2>&1 | tee "$OUT/user.log" | grep -E "^(credit|baseline|new shape|attack|grandchild)[ :]|passed|failed|Error|assert" | head -40
 cp $K/* "$OUT"/ 2>/dev/null; true

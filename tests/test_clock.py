@@ -11,6 +11,7 @@ from autoresearch.experiment.clock import Credit, Timeline
 NONE = Credit()                                          # before the baseline has run
 CPU_BASE = Credit(wall=4.0, cpu=2.0, finish=0.5, finish_cpu=0.5)   # a CPU baseline: 2 CPU-s start-up, 0.5 finish
 GPU_BASE = Credit(wall=40.0, cpu=9.0, finish=0.4, finish_cpu=None, gpu=3.0)  # a GPU baseline: 40 s, 3 GPU-s
+COLD_BASE = Credit(wall=40.0, cpu=9.0, finish=0.4, gpu=3.0, gpu_cold=True)    # ... every run of it compiled cold
 
 
 # -- start-up: free up to what the baseline's allows; the rest comes off the window -----------------------------
@@ -36,6 +37,9 @@ GPU_BASE = Credit(wall=40.0, cpu=9.0, finish=0.4, finish_cpu=None, gpu=3.0)  # a
     (GPU_BASE, "cuda", 50.0, 1.0, None, 0.0),
     (GPU_BASE, "cuda", 53.0, 1.0, None, 3.0),
     (Credit(wall=10.0, cpu=3.0), "cuda", 21.0, None, 7.0, 1.0),   # the baseline's GPU time was not read
+    # a baseline that only ever compiled cold: its 3 GPU-s hold the autotuning: 1.3 × 3 + 0.5 = 4.4 GPU-s
+    (COLD_BASE, "cuda", 45.0, 9.0, 4.4, 0.0),
+    (COLD_BASE, "cuda", 45.0, 9.0, 7.4, 3.0),        # where a warm baseline's 6.4 would have let 2 GPU-s through
 ])
 def test_start_up_cost(credit, device, wall, cpu, gpu, cut):
     cost, why = clock.start_up_cost(credit, device, wall, cpu, gpu)
@@ -43,8 +47,26 @@ def test_start_up_cost(credit, device, wall, cpu, gpu, cut):
     assert (why is None) == (cut == 0.0)
     if why:
         assert f"cut by {cut:.1f}s" in why
-        by_gpu = gpu is not None and credit.gpu is not None and gpu - (1.3 * credit.gpu + 2.5) == pytest.approx(cut)
+        slack = 0.5 if credit.gpu_cold else 2.5
+        by_gpu = gpu is not None and credit.gpu is not None and gpu - (1.3 * credit.gpu + slack) == pytest.approx(cut)
         assert ("GPU-s" in why) == by_gpu, why      # the reason names the rule that charged
+
+
+# -- the GPU credit is cold until one run of the baseline started warm (its kernels in the compile store) --------
+@pytest.mark.parametrize("runs, gpu, cold", [
+    ([(3.0, True)], 3.0, True),                      # the first session on a machine: one cold run
+    ([(3.0, True), (0.4, False)], 0.4, False),       # a calibration rerun found the store warm
+    ([(0.4, False), (3.0, True)], 0.4, False),       # warm for good
+    ([(3.0, True), (2.8, True)], 2.8, True),         # compile_cache: false: every run cold
+    ([(None, True), (3.0, True)], 3.0, True),        # a run whose GPU time was not read changes nothing
+    ([(None, False)], None, False),                  # never read: no GPU credit (the wall rule)
+])
+def test_the_gpu_credit_and_whether_it_was_cold(tmp_path, runs, gpu, cold):
+    for g, c in runs:
+        credit = clock.note_baseline(tmp_path, 40.0, 9.0, gpu=g, cold=c)
+    assert (credit.gpu, credit.gpu is not None and credit.gpu_cold) == (gpu, cold)
+    again = clock.load(tmp_path)                     # a resumed session reads the same
+    assert (again.gpu, again.gpu_cold) == (gpu, cold)
 
 
 # -- the finish allowance: 1.5 × the baseline's step and save + 1 s, in the start-up's currency ------------------

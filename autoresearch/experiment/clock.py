@@ -17,9 +17,14 @@ baseline's allows; beyond that, the excess comes off the window (the feed's dead
   training text is the interpreter's own files) — is counted and paid from the window;
 - on a GPU, in GPU seconds of the run's processes (harness/gputime.py: the driver's per-process samples):
   `GPU_FACTOR` × the baseline's smallest + `GPU_SLACK`, as on the CPU. Warm-up steps and autotuning are GPU work
-  an honest start-up does too, and the allowance covers them (a new shape's autotuning included); steps taken
-  before the window on text the run can read are GPU work past it, paid from the window (at most 0.3 × the
-  baseline's + 2.5 GPU-s go uncharged: about 7 steps of the default model on an H100). A compile is CPU work:
+  an honest start-up does too, and the allowance covers them: `GPU_SLACK` is a new shape's cold autotuning, on
+  top of a baseline that started warm (its kernels in the compile store). Where every run of the baseline compiled
+  cold (the first session on a machine, or `compile_cache: false`), its start-up already holds that autotuning,
+  and the slack is `GPU_COLD_SLACK`: otherwise a warm candidate would get the autotuning's GPU seconds free twice
+  (measured on an H100: 5.3 GPU-s of steps before the window went unpaid, against 2.7 now; trial.py says which
+  runs were cold). Steps taken before the window on text the run can read are GPU work past the allowance, paid
+  from the window: at most about 0.3 × the baseline's + the slack goes unpaid, under 1 % of a 300-s window on an
+  H100 (docs/benchmarks.md, "The GPU clock"). A compile is CPU work:
   on top, the wall clock allows the baseline's start-up + max(`GPU_ROOM`, that start-up), room for a new shape's
   cold compile (33 s on an H100). Where GPU time cannot be read (no NVML, a refusal: said at the session's start), the wall clock is
   all there is and its room is tight: the baseline's + max(`BLIND_ROOM`, a quarter of it); a new shape's cold
@@ -58,6 +63,7 @@ WALL_ROOM = 30.0            # the CPU's fallback where the run's CPU time could 
 BLIND_ROOM = 10.0           # ... where it cannot be read: then the wall clock is the only bound on GPU work
 GPU_FACTOR, GPU_SLACK = 1.3, 2.5   # start-up GPU seconds free: 1.3 × the baseline's + 2.5 s: a new shape's cold
                                    # compile autotunes on the GPU (2.1 GPU-s on an H100 against a warm 0.26)
+GPU_COLD_SLACK = 0.5               # ... + 0.5 s where the baseline's own start-up was cold (it holds that autotuning)
 FINISH_FACTOR, FINISH_SLACK = 1.5, 1.0     # what the finish may take: 1.5 × the baseline's + 1 s (or CPU-s)
 SHORT_WINDOW = 0.5          # a run whose window was under this share of its budget is never kept
 
@@ -71,30 +77,36 @@ class Credit:
     finish: float | None = None
     finish_cpu: float | None = None
     gpu: float | None = None
+    gpu_cold: bool = False      # every run of the baseline compiled cold: `gpu` holds the autotuning
 
 
 def load(tag_dir: Path) -> Credit:
     try:
         doc = json.loads((Path(tag_dir) / FILE).read_text())
         return Credit(float(doc["credit"]), *(float(doc[k]) if doc.get(k) is not None else None
-                                              for k in ("cpu", "finish", "finish_cpu", "gpu")))
+                                              for k in ("cpu", "finish", "finish_cpu", "gpu")),
+                      gpu_cold=doc.get("gpu_cold") is True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return Credit()
 
 
 def note_baseline(tag_dir: Path, wall: float, cpu: float | None, finish: float | None = None,
-                  finish_cpu: float | None = None, gpu: float | None = None) -> Credit:
+                  finish_cpu: float | None = None, gpu: float | None = None, cold: bool = False) -> Credit:
     """Record one run of the baseline commit; returns the credit from now on (a start-up only ever tightens it,
-    a finish only ever widens it: the baseline is the user's code, each of its runs honest)."""
+    a finish only ever widens it: the baseline is the user's code, each of its runs honest). `cold`: this run
+    compiled from nothing (trial.Trial); one warm run of the baseline makes the credit warm for good."""
     old = load(tag_dir)
     new = Credit(min(x for x in (old.wall, wall) if x is not None),
                  min((x for x in (old.cpu, cpu) if x is not None), default=None),
                  max((x for x in (old.finish, finish) if x is not None), default=None),
                  max((x for x in (old.finish_cpu, finish_cpu) if x is not None), default=None),
-                 min((x for x in (old.gpu, gpu) if x is not None), default=None))
+                 min((x for x in (old.gpu, gpu) if x is not None), default=None),
+                 (old.gpu is None or old.gpu_cold) and (gpu is None or cold))
     tmp = Path(tag_dir) / f".{FILE}.tmp-{os.getpid()}"
     doc = {"credit": round(new.wall, 3)} | {k: round(v, 3) for k, v in (
         ("cpu", new.cpu), ("finish", new.finish), ("finish_cpu", new.finish_cpu), ("gpu", new.gpu)) if v is not None}
+    if new.gpu is not None and new.gpu_cold:
+        doc["gpu_cold"] = True
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, Path(tag_dir) / FILE)
     return new
@@ -119,7 +131,7 @@ def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None,
         what = (f"its first batch came {wall:.1f}s after its start, later than the {allowed:.1f}s the baseline's "
                 f"{credit.wall:.1f}s allows" + ("" if read or device == "cpu" else " (GPU time unread: wall rule)"))
         if read:
-            allowed_gpu = GPU_FACTOR * credit.gpu + GPU_SLACK
+            allowed_gpu = gpu_allowance(credit)
             if gpu - allowed_gpu > excess:
                 excess = gpu - allowed_gpu
                 what = (f"its start-up used {gpu:.1f} GPU-s before its first batch, more than the {allowed_gpu:.1f} "
@@ -127,6 +139,11 @@ def start_up_cost(credit: Credit, device: str, wall: float, cpu: float | None,
     if excess <= 0:
         return 0.0, None
     return excess, f"{what}: its training window was cut by {excess:.1f}s"
+
+
+def gpu_allowance(credit: Credit) -> float:
+    """The start-up GPU seconds free, given a baseline whose GPU time was read."""
+    return GPU_FACTOR * credit.gpu + (GPU_COLD_SLACK if credit.gpu_cold else GPU_SLACK)
 
 
 def finish_allowance(credit: Credit, device: str) -> tuple[float, str] | None:

@@ -56,6 +56,7 @@ class Experiment:
     outcome: execute.TrainOutcome | None = None   # ar's clock on the run
     verdict: evaluate.Verdict | None = None       # the trusted evaluator's record
     has_checkpoint: bool = False
+    compiled_cold: bool = False                   # the run compiled from nothing (trial.Trial)
     agent_usage: Usage | None = None              # what the proposal's agent spent (recorded even when refused)
     trusted_code: bool = False                    # the user's commit or ar's knob edits of it (compile_cache.py)
     runs: list[float] = field(default_factory=list)   # each counted run's value (measure.py: several when asked)

@@ -48,7 +48,8 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
     x.mfu = _mfu(lp, m)
     if (x.spec.kind == "baseline" or x.spec.payload.get("calibrate")) and out.startup is not None and \
             result.returncode == 0 and not out.over_budget:      # the baseline commit: what start-up is free
-        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu, *out.finish, gpu=out.startup_gpu)
+        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu, *out.finish, gpu=out.startup_gpu,
+                                           cold=x.compiled_cold)
     if result.stop_reason == STOP_INTERRUPTED:
         return Status.INTERRUPTED, "interrupted", m
     if x.tampered:
@@ -294,6 +295,7 @@ def fire_event(lp, event: str, exp_id, payload: dict) -> None:
 def take(lp, x: Experiment, trial) -> None:
     """A finished trial's facts onto the experiment (here or from a Ray worker)."""
     x.outcome, x.verdict, x.has_checkpoint = trial.outcome, trial.verdict, trial.has_checkpoint
+    x.compiled_cold = trial.compiled_cold
     x.wall = trial.outcome.result.wall_seconds
     x.tampered = trial.tampered
     if trial.integrity:   # cannot be put back: this run is a crash, and the loop stops after recording it

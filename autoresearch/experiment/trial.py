@@ -30,6 +30,7 @@ class Trial:
     has_checkpoint: bool
     tampered: str | None            # what the run changed that it may not (then nothing was scored)
     integrity: str | None           # the package or the data changed: no later run can count either
+    compiled_cold: bool = False     # it compiled from nothing: no compile store, an empty one, or it added to it
 
 
 def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, manifest: dict,
@@ -71,7 +72,10 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
             if src.is_file() and not src.is_symlink():     # the worker owns its folder: a link is not a log
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)
-    return Trial(out, verdict, has_ckpt, tampered, broken)
+    # a trusted run is cold when nothing was there to warm it or it added kernels (clock.py: its start-up GPU
+    # seconds then hold the autotuning a new shape pays too)
+    cold = req.compile_store is None or not seeded or bool(adopted)
+    return Trial(out, verdict, has_ckpt, tampered, broken, cold)
 
 
 def _links_in(folder: Path) -> str | None:
