@@ -581,6 +581,7 @@ def test_probe_refuses_a_train_py_without_probe_step(tmp_path):
         pr.probe(tmp_path, facts=GPU_FACTS)
 
 
+@pytest.mark.integration
 @pytest.mark.gpu
 def test_real_gpu_checks():
     if not dr.torch_facts().cuda_available:

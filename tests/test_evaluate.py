@@ -336,6 +336,7 @@ def test_a_cuda_evaluation_without_cuda_ipc_falls_back_to_the_host_and_says_why(
     assert rec["transfer"] == "host" and "transfer_note" not in rec and rec["val_bpb"] is not None, rec
 
 
+@pytest.mark.integration
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("prestart", [False, True], ids=["at-go", "prestarted"])

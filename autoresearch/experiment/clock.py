@@ -18,11 +18,11 @@ baseline's allows; beyond that, the excess comes off the window (the feed's dead
 - on a GPU, in GPU seconds of the run's processes (harness/gputime.py: the driver's per-process samples):
   `GPU_FACTOR` × the baseline's smallest + `GPU_SLACK`, as on the CPU. Warm-up steps and autotuning are GPU work
   an honest start-up does too, and the allowance covers them: `GPU_SLACK` is a new shape's cold autotuning, on
-  top of a baseline that started warm (its kernels in the compile store). Where every run of the baseline compiled
-  cold (the first session on a machine, or `compile_cache: false`), its start-up already holds that autotuning,
-  and the slack is `GPU_COLD_SLACK`: otherwise a warm candidate would get the autotuning's GPU seconds free twice
-  (measured on an H100: 5.3 GPU-s of steps before the window went unpaid, against 2.7 now; trial.py says which
-  runs were cold). Steps taken before the window on text the run can read are GPU work past the allowance, paid
+  top of a baseline that started warm (the compile store held kernels). Where every run of the baseline compiled
+  cold (an empty store: the first session on a machine, or `compile_cache: false`), its start-up holds that
+  autotuning, and the slack is `GPU_COLD_SLACK`: otherwise a warm candidate would get the autotuning's GPU seconds
+  free twice (on an H100, 5.3 GPU-s of steps before the window went unpaid; 2.9 with it; trial.py says which runs
+  were cold). Steps taken before the window on text the run can read are GPU work past the allowance, paid
   from the window: at most about 0.3 × the baseline's + the slack goes unpaid, under 1 % of a 300-s window on an
   H100 (docs/benchmarks.md, "The GPU clock"). A compile is CPU work:
   on top, the wall clock allows the baseline's start-up + max(`GPU_ROOM`, that start-up), room for a new shape's

@@ -72,9 +72,9 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
             if src.is_file() and not src.is_symlink():     # the worker owns its folder: a link is not a log
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)
-    # a trusted run is cold when nothing was there to warm it or it added kernels (clock.py: its start-up GPU
-    # seconds then hold the autotuning a new shape pays too)
-    cold = req.compile_store is None or not seeded or bool(adopted)
+    # cold: nothing was there to warm it (clock.py: its start-up GPU seconds then hold the autotuning a new shape
+    # pays too). Not "it added files": a warm run of the baseline still adds a few (16 on an H100, 2031 cold)
+    cold = req.compile_store is None or not seeded
     return Trial(out, verdict, has_ckpt, tampered, broken, cold)
 
 
