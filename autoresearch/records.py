@@ -84,16 +84,26 @@ class SeedStats:
         return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
 
 
+WORSE_Z = 1.645       # a point is called worse than the best past this many standard errors (5 % one-sided)
+
+
 def verdicts(stats: Sequence[SeedStats]) -> list[tuple[SeedStats, str]]:
-    """Rank by mean; each point against the best: 'best', 'tie' (difference inside the larger of the two
-    spreads) or 'worse'."""
+    """Rank by mean; each point against the best: 'best', 'worse' (its mean is more than `WORSE_Z` standard errors
+    of the difference behind: a point as good as the best is called worse at most 5 % of the time, for one
+    comparison) or 'tie'. σ of one run is pooled over every point's seeds (decide.pooled_sigma), so the standard
+    error shrinks with each point's runs; with no point run twice, the sample spreads are all 0 and any
+    difference is 'worse' (one run each cannot call a tie)."""
+    from .decide import pooled_sigma
     ranked = sorted(stats, key=lambda s: s.mean)
     if not ranked:
         return []
     best = ranked[0]
+    sigma = pooled_sigma([list(s.values) for s in ranked]) or 0.0
     out = [(best, "best")]
     for s in ranked[1:]:
-        out.append((s, "tie" if s.mean - best.mean <= max(s.spread, best.spread) else "worse"))
+        se = sigma * (1 / len(s.values) + 1 / len(best.values)) ** 0.5
+        worse = s.mean - best.mean > WORSE_Z * se
+        out.append((s, "worse" if worse else "tie"))
     return out
 
 

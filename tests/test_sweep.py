@@ -282,6 +282,25 @@ def test_seed_stats_and_ties():
     assert sw.verdicts([]) == []
 
 
+S = sw.SeedStats
+# σ pooled over the points' seeds; 'worse' past 1.645 standard errors of the difference of the two means
+@pytest.mark.parametrize("points, expect", [
+    # σ 0.01 (pooled); 3 runs each: SE of the difference 0.0082, bar 0.0134
+    ([S("a", "a", (1.00, 1.01, 0.99)), S("b", "b", (1.013, 1.023, 1.003))], ["best", "tie"]),
+    ([S("a", "a", (1.00, 1.01, 0.99)), S("b", "b", (1.015, 1.025, 1.005))], ["best", "worse"]),
+    # the same gap of means, 6 runs of the later point: its mean is known better, the SE smaller
+    ([S("a", "a", (1.00, 1.01, 0.99)), S("b", "b", (1.003, 1.023) * 3)], ["best", "worse"]),
+    # one run each: no spread to pool; any difference is 'worse', equal is a tie
+    ([S("a", "a", (1.00,)), S("b", "b", (1.0001,)), S("c", "c", (1.00,))], ["best", "tie", "worse"]),
+    # a wide point (σ from its own seeds) next to a tight best: both pooled, not the larger spread alone
+    ([S("a", "a", (1.000, 1.000, 1.000)), S("b", "b", (0.98, 1.04, 1.01))], ["best", "tie"]),
+])
+def test_validation_calls_worse_only_past_the_standard_error(points, expect):
+    got = sw.verdicts(points)
+    assert sorted(v for _, v in got) == sorted(expect)
+    assert got[0][1] == "best" and got[0][0].mean == min(p.mean for p in points)
+
+
 # ------------------------------------------------------------------------------------- real repos
 
 import json  # noqa: E402
