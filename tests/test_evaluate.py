@@ -207,13 +207,24 @@ def test_a_model_that_keys_on_the_batch_position_is_rejected(tmp_path, server, j
 
 
 def test_a_model_that_learns_from_the_stream_and_memoises_its_answers_is_rejected(tmp_path, server, job):
-    """It repeats itself for the purity and causality checks; a fresh worker shown nothing else does not."""
+    """It repeats itself for the purity and causality checks; a fresh worker shown only random rows before does not."""
     tok = handmade(tmp_path, [0, 1, 2, 3], seed=1)
     rec = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=2, memo=0.7))
     assert rec["purity_max_diff"] == 0 and rec["causal_max_diff"] == 0, rec
     assert rec["val_bpb"] is None and "depend on what it was shown before" in rec["rejected"], rec
     honest = server.score(job(tok, [0.0] * 4, eval_tokens=8 * T, rows=2))
     assert honest["rejected"] is None and honest["fresh_max_diff"] == 0, honest
+
+
+def test_a_memo_that_starts_learning_after_its_first_call_is_rejected_even_with_one_batch(tmp_path, server, job):
+    """One batch scored: the main worker scores it as its first call, so a model that answers its first call
+    honestly and learns only afterwards would meet the fresh worker's sample, also a first call, with the same
+    history. The fresh worker's random rows, shown first, give it another one."""
+    tok = handmade(tmp_path, [0, 1, 2, 3], seed=2)
+    rec = server.score(job(tok, [0.0] * 4, eval_tokens=4 * T, rows=4, memo=0.7))
+    assert rec["purity_max_diff"] == 0 and rec["causal_max_diff"] == 0, rec
+    assert rec["val_bpb"] is None and "depend on what it was shown before" in rec["rejected"], rec
+    assert rec["fresh_max_diff"] > 0.5, rec
 
 
 @pytest.mark.integration

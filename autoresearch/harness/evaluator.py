@@ -30,7 +30,8 @@ Checks, each a rejection with a reason a user can read:
 - freshness: a secret sample of rows from every batch scored (hold-out included) is scored again by a second
   worker process, started only once the main worker, its buffer owner, every process it left and every file it
   made in its folder are gone (no socket to connect to, no file to read or stat: the two never run side by
-  side), shown nothing else, with batch-mates from other batches; its logits must give the same losses (a model that learns from the evaluation stream, a cache or a
+  side), shown one call of random rows first (not scored), then the sample with batch-mates from other
+  batches; its logits must give the same losses (a model that learns from the evaluation stream, a cache or a
   memo of what it was shown, fails even when it repeats itself for the purity and causality checks).
 A hold-out slice (validation rows after the evaluated ones) is scored the same way and written only to the
 private file the runner names, never to the record or any log.
@@ -586,20 +587,24 @@ def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
 
 
 def _check_fresh(fresh, batches, sample: dict, secret, device, req: dict, record: dict) -> None:
-    """Score the sampled rows again in the fresh worker, shuffled together; their losses must not move."""
+    """Score the sampled rows again in the fresh worker, shuffled together, after rows of random tokens (a model
+    with a history is then sure to have another one than when the main worker scored them, whatever the sample's
+    order); their losses must not move."""
     import torch
     fresh.expect("ready")
     pairs = list(sample)
     secret.shuffle(pairs)
     x = torch.stack([batches[b][0][r] for b, r in pairs]).to(device)
     y = torch.stack([batches[b][1][r] for b, r in pairs]).to(device)
+    gen = torch.Generator().manual_seed(secret.getrandbits(63))
+    _call(fresh, torch.randint(0, fresh.out.size(-1), tuple(x.shape), generator=gen).to(device))   # not scored
     again = _nll(_call(fresh, x), y).double().cpu()
     diff = max(float((again[i] - sample[p]).abs().max()) for i, p in enumerate(pairs))
     record["fresh_max_diff"] = diff
     tol = float(req.get("tolerance", 1e-3))
     if diff > tol:
         raise Rejected(f"the model's logits depend on what it was shown before: {len(pairs)} secret rows scored "
-                       f"again by a fresh model process (shown nothing else) gave losses {diff:.3g} apart "
+                       f"again by a fresh model process (shown only random rows before) gave losses {diff:.3g} apart "
                        f"(tolerance {tol:g}); a row's logits must depend on that row alone")
 
 
