@@ -53,7 +53,7 @@ class Flight:
 
     x: Experiment
     slot: Slot
-    future: cf.Future
+    future: "cf.Future | None"
     finished_at: float = 0.0
 
 
@@ -128,8 +128,8 @@ class Scheduler:
             slot = self.free.pop(0)
             ctx = lp.slot_context(slot)
             lp.events.started(ctx, x)
-            flight = Flight(x, slot, pool.submit(prepare.prepare_and_run, lp, ctx, x))
-            flight.future.add_done_callback(lambda _f, fl=flight: setattr(fl, "finished_at", time.time()))
+            flight = Flight(x, slot, None)
+            flight.future = pool.submit(_timed, flight, prepare.prepare_and_run, lp, ctx, x)
             self.flights.append(flight)
         return ""
 
@@ -212,6 +212,16 @@ class Scheduler:
                 p.terminate()
             except psutil.Error:
                 pass
+
+
+def _timed(flight: Flight, fn, *args):
+    """Run fn in the slot and note when it ended before its future completes: a waiter woken by the future
+    (cf.wait) may run before the future's done-callbacks do, and an end read as 0 would make a run cut off by
+    Ctrl-C look as if it had ended before it (a crash, not `interrupted`)."""
+    try:
+        return fn(*args)
+    finally:
+        flight.finished_at = time.time()
 
 
 def session_id() -> str:

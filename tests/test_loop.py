@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -574,25 +575,29 @@ def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
     conf = write_cfg(tmp_path, time_budget=3)
     p = ar("run", "--repo", str(root), "--tag", "t", "--config", str(conf), "--max-experiments", "5", cwd=tmp_path)
     try:
-        wait_for(lambda: training(root, 2), what="experiment 2 training")
+        wait_for(lambda: training(root, 2) or training(root, 3), what="experiment 2 (or 3) training")
         second = ar("run", "--repo", str(root), "--tag", "u", "--config", str(conf), cwd=tmp_path)
         out, err = second.communicate(timeout=30)
         assert second.returncode == 3
         assert f"pid {p.pid}" in err and "tag t" in err and "Traceback" not in err
         st = ar("status", "--repo", str(root), cwd=tmp_path)
         out, _ = st.communicate(timeout=30)
-        base = read_results(root / "runs/t/results.tsv")[0]
-        assert f"pid {p.pid}" in out and "experiment 0002" in out and f"best: {base.val_bpb:.6f}" in out
+        kept = [r for r in read_results(root / "runs/t/results.tsv") if r.status.value == "keep"]  # read after:
+        shown = re.search(r"experiment (\d{4})", out)     # a keep recorded since only adds to them
+        assert f"pid {p.pid}" in out and shown and int(shown.group(1)) >= 2, out
+        assert any(f"best: {r.val_bpb:.6f}" in out for r in kept), out
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130, err
-    # the stop lands on experiment 2, or on 3 when the two `ar` calls above outlast 2's 3-s budget on a busy CPU
-    statuses = [r.status.value for r in assert_consistent(root)]
+    # the stop lands on the experiment in flight: 2, or a later one when the `ar` calls above outlast 2's 3-s
+    # budget on a busy CPU
+    rows = assert_consistent(root)
+    statuses = [r.status.value for r in rows]
     assert statuses[0] == "keep" and statuses[-1] == "interrupted" and "interrupted" not in statuses[:-1] and \
-        len(statuses) in (2, 3), statuses
+        2 <= len(statuses) <= 5, [(r.status.value, r.reason) for r in rows]
     again = ar("run", "--repo", str(root), "--tag", "t", "--config", str(write_cfg(tmp_path, time_budget=3)),
                "--max-experiments", "1", cwd=tmp_path)           # a tag keeps its budget: the same one again
     out, err = again.communicate(timeout=60)

@@ -168,3 +168,22 @@ def _wait_until(cond) -> None:
     while not cond():
         assert time.monotonic() < deadline, "the scheduler never got there"
         time.sleep(0.01)
+
+
+def test_a_flight_knows_when_it_ended_before_a_waiter_wakes():
+    """Ctrl-C's verdict reads when each run ended (an end after the stop: `interrupted`). cf.wait wakes its waiter
+    before the future's done-callbacks run, so the end is noted in the slot itself: here a slow callback holds
+    the callbacks back, and the waiter still reads the end (read from a done-callback, it read 0 under load and a
+    run cut off by Ctrl-C was recorded as a crash)."""
+    from autoresearch.scheduler import Flight, _timed
+    go, hold = threading.Event(), threading.Event()
+    flight = Flight(None, None, None)
+    with cf.ThreadPoolExecutor(max_workers=1) as pool:
+        flight.future = pool.submit(_timed, flight, go.wait, WAIT)
+        flight.future.add_done_callback(lambda _f: hold.wait(WAIT))
+        before = time.time()
+        go.set()
+        cf.wait([flight.future])
+        ended = flight.finished_at
+        hold.set()
+    assert ended >= before
