@@ -115,3 +115,37 @@ def test_another_gpus_samples_do_not_shorten_the_period():
 def test_a_meter_that_cannot_read_says_why_in_one_line(nv, says):
     meter, why = gputime.open_meter(nv)
     assert meter is None and says in why and "\n" not in why
+
+
+@pytest.mark.parametrize("samples, gone, expect", [
+    ([(1, 1_000_000, 100), (1, 1_200_000, 100)], {}, 0.4),                 # alive: its samples
+    ([(1, 1_000_000, 100), (1, 1_200_000, 100)], {1: 3_000_000}, 2.2),      # exited: first sample to exit, + a period
+    ([(1, 1_000_000, 100)] * 1 + [(1, 1_000_000 + k * 200_000, 100) for k in range(1, 20)], {1: 1_100_000}, 4.0),
+    ([(2, 1_000_000, 100)], {1: 3_000_000}, 0.0),                          # exited with no sample: nothing
+])
+def test_a_process_that_exited_is_charged_from_its_first_sample_to_its_exit(samples, gone, expect):
+    assert gputime.charged_seconds(samples, {1}, gone, 0.2) == pytest.approx(expect)
+
+
+def test_a_helper_that_exits_before_the_first_batch_is_charged_what_the_driver_did_not_report():
+    """The driver reported 1 s of a helper's 3 s on the GPU, then nothing (it exited): the meter charges it from
+    its first sample to the read that found it gone. The training process, listed at every read, keeps its
+    samples' count; a process a read did not list but which still exists is not charged as gone."""
+    nv = NvmlStandIn()
+    meter, _ = gputime.open_meter(nv)
+    clock = [100.0]
+    meter.now = lambda: clock[0]
+    alive = {10, 11, 12}
+    meter.alive = lambda pid: pid in alive
+    listed = {10, 11, 12}
+    meter.start(lambda: set(listed))
+    t0 = meter._last[0]
+    nv.samples = [(11, t0 + k * 200_000, 100) for k in range(1, 6)] + [(10, t0 + 200_000, 50)] + \
+                 [(12, t0 + 200_000, 100)]
+    clock[0] += 1.0
+    meter.read()
+    clock[0] += 2.0                        # 11 worked on, unreported, then exited; 12 went unlisted, alive
+    alive.discard(11)
+    listed -= {11, 12}
+    assert meter.seconds() == pytest.approx((3.0 - 0.2 + 0.2) + 0.1 + 0.2)
+    meter.stop()

@@ -35,12 +35,37 @@ def busy_seconds(samples: Iterable[tuple[int, int, int]], pids: set[int], period
     return total
 
 
+def charged_seconds(samples: list[tuple[int, int, int]], pids: set[int], gone: dict[int, int],
+                    period: float) -> float:
+    """GPU seconds of `pids` on one GPU: each process's samples (busy_seconds), but a process found exited at
+    `gone[pid]` (µs) is charged at least the time from its first sample to then, plus a period. The driver does not report all of the last samples of a process that has exited, so a helper that works
+    on the GPU and exits just before the first batch would otherwise be read short (5.02 GPU-s read as 4.09 on an
+    H100); an honest start-up's GPU work is the training process's own, which is still there."""
+    total = 0.0
+    for pid in pids:
+        busy = busy_seconds(samples, {pid}, period)
+        first = min((ts for p, ts, _ in samples if p == pid), default=None)
+        if pid in gone and first is not None:
+            busy = max(busy, max(0, gone[pid] - first) / 1e6 + period)
+        total += busy
+    return total
+
+
 def sample_period(times: Iterable[int], default: float = DEFAULT_PERIOD) -> float:
     """The driver's sample period in seconds: the median gap between successive sample times (µs) under 1 s
     (longer gaps are idle stretches with no sample), or `default` before there are any."""
     ts = sorted(set(times))
     gaps = [(b - a) / 1e6 for a, b in zip(ts, ts[1:]) if 0 < b - a < 1_000_000]
     return statistics.median(gaps) if gaps else default
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one that exited and awaits its parent's wait)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class GpuMeter:
@@ -52,6 +77,9 @@ class GpuMeter:
         self.samples: list[list[tuple[int, int, int]]] = [[] for _ in handles]   # per GPU, every process's: the
         # period is read per GPU (another GPU's samples, another slot's, would halve the gaps between them)
         self.pids: set[int] = set()                        # every process of the run seen at a read
+        self.gone: dict[int, int] = {}                     # pid -> when (µs) a read first found it gone
+        self.now: Callable[[], float] = time.time          # the clock (a test's own)
+        self.alive: Callable[[int], bool] = _alive         # whether a process still exists (a test's own)
         self._last = [0] * len(handles)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -61,7 +89,7 @@ class GpuMeter:
     def start(self, pids_of: Callable[[], set[int]]) -> None:
         """Count from now: samples before this instant are skipped."""
         self._pids_of = pids_of
-        self._last = [int(time.time() * 1e6)] * len(self.handles)
+        self._last = [int(self.now() * 1e6)] * len(self.handles)
         self._thread = threading.Thread(target=self._loop, name="ar-gpu-time", daemon=True)
         self._thread.start()
 
@@ -80,16 +108,22 @@ class GpuMeter:
             for s in got:
                 self._last[i] = max(self._last[i], s.timeStamp)
                 new[i].append((s.pid, s.timeStamp, s.smUtil))
+        now = int(self.now() * 1e6)
         with self._lock:
+            for pid in self.pids - pids - set(self.gone):    # not listed: exited, or a read that missed it
+                if not self.alive(pid):
+                    self.gone[pid] = now
             self.pids |= pids
             for mine, more in zip(self.samples, new):
                 mine += more
 
     def seconds(self) -> float:
-        """GPU seconds of the run's processes so far, on every GPU (read first, so the last period counts)."""
+        """GPU seconds of the run's processes so far, on every GPU (read first, so the last period counts); one
+        that has left the run is charged at least from its first sample to its leaving (charged_seconds)."""
         self.read()
         with self._lock:
-            return sum(busy_seconds(got, self.pids, sample_period(t for _, t, _ in got)) for got in self.samples)
+            return sum(charged_seconds(got, self.pids, self.gone, sample_period(t for _, t, _ in got))
+                       for got in self.samples)
 
     def stop(self) -> None:
         self._stop.set()
