@@ -71,7 +71,7 @@ import traceback
 from pathlib import Path
 
 from .env import KEPT_ENV  # noqa: E402
-from .sandbox import owner_files, remove_owner_files
+from .sandbox import owner_files, process_alive as _alive, remove_owner_files
 
 FILES = ("meta.json", "tokenizer.json", "token_bytes.npy", "val.bin", "val.idx.npy")
 
@@ -283,14 +283,6 @@ class _Worker:
                 os.close(fd)
             except OSError:
                 pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _batches(tok_dir: Path, rows: int, seq_len: int, n_tokens: int, skip_tokens: int = 0):

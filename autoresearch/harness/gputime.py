@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable, Iterable
 
+from .sandbox import process_alive
+
 DEFAULT_PERIOD = 0.2     # seconds: the driver's sample period until two samples show it
 POLL = 0.05              # seconds between reads: well inside one period, so no sample is missed
 
@@ -38,9 +40,10 @@ def busy_seconds(samples: Iterable[tuple[int, int, int]], pids: set[int], period
 def charged_seconds(samples: list[tuple[int, int, int]], pids: set[int], gone: dict[int, int],
                     period: float) -> float:
     """GPU seconds of `pids` on one GPU: each process's samples (busy_seconds), but a process found exited at
-    `gone[pid]` (µs) is charged at least the time from its first sample to then, plus a period. The driver does not report all of the last samples of a process that has exited, so a helper that works
-    on the GPU and exits just before the first batch would otherwise be read short (5.02 GPU-s read as 4.09 on an
-    H100); an honest start-up's GPU work is the training process's own, which is still there."""
+    `gone[pid]` (µs) is charged at least the time from its first sample to then, plus a period. The driver does
+    not report all of the last samples of a process that has exited, so a helper that works on the GPU and exits
+    just before the first batch would otherwise be read short (5.02 GPU-s read as 4.09 on an H100); an honest
+    start-up's GPU work is the training process's own, which is still there."""
     total = 0.0
     for pid in pids:
         busy = busy_seconds(samples, {pid}, period)
@@ -59,15 +62,6 @@ def sample_period(times: Iterable[int], default: float = DEFAULT_PERIOD) -> floa
     return statistics.median(gaps) if gaps else default
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (one that exited and awaits its parent's wait)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 class GpuMeter:
     """Reads every GPU's per-process samples in a background thread from `start()`; `seconds()` is what the
     processes `pids_of()` names (asked at every read: a run's process tree changes) have used since then."""
@@ -79,7 +73,7 @@ class GpuMeter:
         self.pids: set[int] = set()                        # every process of the run seen at a read
         self.gone: dict[int, int] = {}                     # pid -> when (µs) a read first found it gone
         self.now: Callable[[], float] = time.time          # the clock (a test's own)
-        self.alive: Callable[[int], bool] = _alive         # whether a process still exists (a test's own)
+        self.alive: Callable[[int], bool] = process_alive  # whether a process still exists (a test's own)
         self._last = [0] * len(handles)
         self._stop = threading.Event()
         self._lock = threading.Lock()

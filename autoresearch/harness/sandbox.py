@@ -282,6 +282,15 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one that exited and awaits its parent's wait)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _kill_below(me: int, spare=()) -> None:
     """SIGKILL and reap every process below this one (re-parented daemons included), until none is left; all
     but the `spare` children and what is still below them."""
