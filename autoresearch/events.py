@@ -6,8 +6,8 @@ One JSON object per line, `{"t": unix time, "type": ..., fields}`:
                         whose points carry theirs), noise, pid, host
     settings            a setting that changed since: noise (the calibrated threshold)
     experiment_started  exp_id, kind, slot, parent, commit, description, budget
-    phase               exp_id, phase (proposing, committing, training, evaluating, settling), and what has
-                        become known since: commit, description, budget
+    phase               exp_id, phase (proposing, committing, waiting (for the baseline's decision), training,
+                        evaluating, settling), and what has become known since: commit, description, budget
     step                exp_id, step, pct, loss, tokens_per_s, mfu, dt_ms, remaining_s (node on Ray)
     experiment_settled  exp_id, status, value, reason, commit   (written after the ledger row, the commit point)
     session_stopped     why

@@ -4,7 +4,9 @@ Every experiment, whatever runs it, takes the same path (docs/architecture.md):
   in its slot, in parallel:   prepare (propose or apply knobs, guard, commit) → execute → evaluate
   here, one at a time:        settle (decide against the best *now*, reset, record, hooks)
 A result that finishes early waits for the ones dispatched before it, so results.tsv is one file in
-decision order. A baseline runs alone: nothing is dispatched before it is decided. A win whose parent is no
+decision order. A baseline trains alone: what is dispatched beside it prepares (an agent proposes, a knob edit
+is committed) but starts its run only once the baseline is decided (`BaselineGate`): every later run's clock
+is measured against the baseline's start-up, and the first candidate is ready when the GPU frees. A win whose parent is no
 longer the best (another slot's win was settled first) is not merged: with `stale_policy: rerun` (default)
 it is recorded `stale` and queued again on top of the new best (the same knobs, or the same diff); with
 `record` it is only recorded `stale`. With one slot the parent is always the best, so nothing is stale.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -45,6 +48,34 @@ def make_executor(cfg: RunConfig):
     if any(s.kind == "ray" for s in slots):
         raise ConfigError("--gpus ray:N needs --executor ray")
     return LocalExecutor(slots)
+
+
+class BaselineGate:
+    """Held shut while a baseline is in flight: a run dispatched beside it waits here after its proposal and
+    commit. Opened when the baseline is decided; `ok` says whether it was kept (if not, nothing else runs)."""
+
+    def __init__(self):
+        self._open = threading.Event()
+        self._open.set()
+        self.ok = True
+
+    def close(self) -> None:
+        self.ok = True
+        self._open.clear()
+
+    def open(self, ok: bool) -> None:
+        self.ok = ok
+        self._open.set()
+
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    def wait(self, stopping: threading.Event) -> bool:
+        """Whether a run may start: False when the session is stopping or the baseline was not kept."""
+        while not self._open.wait(0.2):
+            if stopping.is_set():
+                return False
+        return self.ok and not stopping.is_set()
 
 
 @dataclass
@@ -111,8 +142,8 @@ class Scheduler:
             full = self.limits.no_room(len(self.flights))
             if full:
                 return full
-            if self.flights and self.flights[0].x.spec.kind == "baseline":
-                return ""       # everything else starts from the baseline's result
+            if self.flights and self.flights[0].x.spec.kind == "baseline" and len(self.flights) >= len(lp.slots):
+                return ""       # one each beside the baseline: nothing is settled (or stopped) until it is
             flying = {f.x.spec.id for f in self.flights}
             spec = next((s for s in lp.queue.pending() if s.id not in flying), None)
             if spec is None:
@@ -125,6 +156,8 @@ class Scheduler:
             if x.row is not None:          # recorded without running (started too often)
                 self.limits.n += 1
                 continue
+            if spec.kind == "baseline":
+                lp.gate.close()        # what goes beside it prepares, then waits for its decision
             slot = self.free.pop(0)
             ctx = lp.slot_context(slot)
             lp.events.started(ctx, x)
@@ -145,7 +178,17 @@ class Scheduler:
                 self.free.sort(key=lambda s: s.index)
 
     def _settle(self, f: Flight) -> Row | None:
-        """Decide and record one finished experiment (None: nothing was recorded, the proposer had nothing)."""
+        """Decide and record one finished experiment (None: nothing was recorded, the proposer had nothing); a
+        baseline's decision opens the gate for the runs waiting beside it (or tells them it was not kept)."""
+        row = None
+        try:
+            row = self._decide(f)
+            return row
+        finally:
+            if f.x.spec.kind == "baseline":
+                self.loop.gate.open(row is not None and row.status is Status.KEEP)
+
+    def _decide(self, f: Flight) -> Row | None:
         lp, x = self.loop, f.x
         lp.flying.pop(x.spec.id, None)
         try:
@@ -166,6 +209,11 @@ class Scheduler:
                     x.time_budget, x.seed = ran[4], ran[5]
                 row = settle.interrupted(lp, x, ran[3] if ran else None)
                 again.queue_again(lp, x, again.INTERRUPTED)       # cut off by the user's stop: once more
+                return row
+            if out.kind == "held":      # waited beside a baseline that was not kept: its run never started
+                lp.git.reset_hard(lp.best_sha)
+                row = settle.record_as(lp, x, Status.INTERRUPTED, reason=out.reason)
+                again.queue_again(lp, x, again.HELD)
                 return row
             if out.kind == "skipped":
                 lp.queue.done(x.spec.id, "skipped")

@@ -62,7 +62,7 @@ from .executors.local import InlineExecutor
 from .experiment import evaluate, measure, settle
 from .experiment.context import Event, Experiment, SlotContext
 from .files import write_json
-from .scheduler import Scheduler, file_error, make_executor, session_id
+from .scheduler import BaselineGate, Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
 MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again (the baseline is)
@@ -127,6 +127,7 @@ class Loop:
         self.flying: dict[int, tuple[dict, str]] = {}  # spec id -> (knobs, description) of proposals in flight
         self.stopping = threading.Event()              # Ctrl-C: a slot starts no run after this
         self.propose_lock = threading.Lock()
+        self.gate = BaselineGate()                     # runs prepared beside the baseline wait for its decision
         self.hook_lock = threading.Lock()
         self.trusted_commits: set[str] = set()         # code the user wrote, or ar's knob edits of it
 

@@ -88,10 +88,10 @@ def test_one_slot_runs_the_queue_in_order(tmp_path):
     assert ex.most_in_flight == 1
 
 
-def test_the_baseline_runs_alone_then_slots_fill_in_queue_order_and_settle_in_dispatch_order(tmp_path,
-                                                                                              monkeypatch):
-    """Two slots: the baseline alone; then 2 and 3 at once; 3 finishes first but is recorded after 2; 4 takes 3's
-    slot as soon as it is free."""
+def test_the_baseline_trains_alone_then_slots_fill_in_queue_order_and_settle_in_dispatch_order(tmp_path,
+                                                                                                monkeypatch):
+    """Two slots: the baseline trains alone while 2 is prepared beside it and waits for its decision; then 2 and 3
+    at once; 3 finishes first but is recorded after 2; 4 takes 3's slot as soon as it is free."""
     root = make_repo(tmp_path)
     gates = {i: threading.Event() for i in (1, 2, 3, 4)}
     ex = Scripted(2, gates)
@@ -102,8 +102,8 @@ def test_the_baseline_runs_alone_then_slots_fill_in_queue_order_and_settle_in_di
     monkeypatch.setattr(cf, "wait", lambda *a, **k: (waiting.set(), real_wait(*a, **k))[1])
 
     def conductor():
-        _wait_until(lambda: waiting.is_set() and ex.dispatched == [(1, 0)])
-        alone.append(not lp.queue.is_started(2))             # a free slot, a queued experiment: not beside it
+        _wait_until(lambda: waiting.is_set() and ex.dispatched == [(1, 0)] and _phase(root, 2) == "waiting")
+        alone.append(ex.dispatched == [(1, 0)] and not lp.queue.is_started(3))   # 2 committed, not run; 3 not yet
         gates[1].set()                                       # the baseline
         _wait_until(lambda: {2, 3} <= {i for i, _ in ex.dispatched})
         assert 1 in ex.finished and len(ex.dispatched) == 3  # nothing went beside the baseline
@@ -165,6 +165,38 @@ def test_a_resumed_session_runs_what_is_left_in_queue_order(tmp_path):
         lp.run()
     assert [i for i, _ in second.dispatched] == [4, 5]
     assert [r.exp_id for r in assert_consistent(root)] == [1, 2, 3, 4, 5]
+
+
+def _phase(root, exp_id: int) -> str | None:
+    """The last phase the event log gives experiment exp_id."""
+    phases = [e["phase"] for e in read_events(root / "runs" / "t" / "events.jsonl")
+              if e["type"] == "phase" and e["exp_id"] == exp_id]
+    return phases[-1] if phases else None
+
+
+def test_a_run_prepared_beside_a_baseline_that_is_not_kept_never_runs_and_is_queued_again(tmp_path):
+    """The baseline fails (its slot fails) while 2 waits beside it: 2 never trains, is recorded `interrupted`
+    with the reason, the session stops on the baseline, and 2 is queued to run again at the next session."""
+    root = make_repo(tmp_path)
+    ex = Scripted(2)
+    real = ex.train
+
+    def train(loop, ctx, x, budget, seed):
+        if x.spec.kind == "baseline":
+            _wait_until(lambda: _phase(root, 2) == "waiting")      # 2 prepared and committed, waiting
+            raise RuntimeError("the baseline's run failed")
+        return real(loop, ctx, x, budget, seed)
+
+    ex.train = train
+    with loop(root, ex, gpus="cpu:2") as lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18})
+        s = lp.run()
+        pending = [(sp.kind, sp.payload.get("again_of")) for sp in lp.queue.pending()]
+    rows = read_results(root / "runs" / "t" / "results.tsv")
+    assert [r.status.value for r in rows] == ["crash", "interrupted"], [r.reason for r in rows]
+    assert ex.dispatched == [] and s.failed and "baseline" in s.stop_reason
+    assert "the baseline it waited for was not kept" in rows[1].reason and rows[1].commit
+    assert pending == [("knobs", 2)]       # 2's knob edit again, at the next session (after its baseline)
 
 
 def _wait_until(cond) -> None:

@@ -16,6 +16,7 @@ from ..queue import Spec
 from .context import Experiment
 
 INTERRUPTED = "was interrupted (Ctrl-C or SIGTERM)"
+HELD = "was not run (the baseline it waited for was not kept)"
 
 
 def outside_the_proposal(lp, x: Experiment, row: Row) -> str | None:
@@ -43,7 +44,7 @@ def queue_again(lp, x: Experiment, what: str) -> Spec | None:
         lp.say(f"experiment {spec.id:04d} (the re-run of {int(spec.payload['again_of']):04d}) {what} as well; not "
                f"run again", "warn")
         return None
-    short_what = "was interrupted" if what == INTERRUPTED else "failed outside the proposal"
+    short_what = {INTERRUPTED: "was interrupted", HELD: "was not run"}.get(what, "failed outside the proposal")
     description = f"{x.description or spec.kind} (again: {spec.id:04d} {short_what})"
     if spec.kind in ("knobs", "rerun"):
         again = lp.queue.add(spec.kind, {**spec.payload, "description": description, "again_of": spec.id})

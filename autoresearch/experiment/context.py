@@ -88,7 +88,8 @@ class SlotContext:
 @dataclass
 class Outcome:
     """What a slot hands back for settling: ran (with its run), rejected, missing (commit gone), skipped (the
-    proposer had nothing) or interrupted (a stop came before its run started)."""
+    proposer had nothing), interrupted (a stop came before its run started) or held (prepared beside a baseline
+    that was not kept: never run)."""
 
     kind: str
     reason: str = ""

@@ -23,7 +23,7 @@ from ..proposers import Context, Proposal, ProposalFailed
 from ..proposers.search import describe_change
 from ..repeats import built_config, find_repeat
 from ..executors.local import clean_worktree
-from . import clock, measure, settle
+from . import again, clock, measure, settle
 from ..files import write_json
 from .context import Experiment, Outcome, SlotContext, safe_knobs
 
@@ -132,6 +132,12 @@ def commit_message(x: Experiment, tag: str) -> str:
 
 
 def _run_committed(lp, ctx: SlotContext, x: Experiment) -> Outcome:
+    if x.spec.kind != "baseline":               # prepared beside the baseline: runs once it is kept
+        if not lp.gate.is_open():
+            lp.events.phase(x, "waiting", commit=short(x.sha) if x.sha else None, description=x.description)
+        if not lp.gate.wait(lp.stopping):
+            return Outcome("interrupted") if lp.stopping.is_set() else \
+                Outcome("held", "not run: the baseline it waited for was not kept")
     if lp.stopping.is_set():      # Ctrl-C came while this one was being prepared: do not start its run
         return Outcome("interrupted")
     return Outcome("ran", run=_train_and_classify(lp, ctx, x))
