@@ -25,7 +25,7 @@ export AR_CACHE=/tmp/arcache-dec
 [[ -n ${RESUME:-} ]] || python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
 if [[ -z ${RESUME:-} ]]; then
-rm -rf "$ws"
+rm -rf "$ws" /tmp/near-null-agent.count
 python3 -m autoresearch init "$ws" >/dev/null
 cd "$ws"
 BATCH="$BATCH" python3 - <<'PY'
