@@ -23,7 +23,7 @@ from ..proposers import Context, Proposal, ProposalFailed
 from ..proposers.search import describe_change
 from ..repeats import built_config, find_repeat
 from ..executors.local import clean_worktree
-from . import again, clock, measure, settle
+from . import clock, measure, settle
 from ..files import write_json
 from .context import Experiment, Outcome, SlotContext, safe_knobs
 
