@@ -211,8 +211,7 @@ class Scheduler:
                 again.queue_again(lp, x, again.INTERRUPTED)       # cut off by the user's stop: once more
                 return row
             if out.kind == "held":      # waited beside a baseline that was not kept: its run never started
-                lp.git.reset_hard(lp.best_sha)
-                row = settle.record_as(lp, x, Status.INTERRUPTED, reason=out.reason)
+                row = settle.interrupted(lp, x, reason=out.reason)
                 again.queue_again(lp, x, again.HELD)
                 return row
             if out.kind == "skipped":

@@ -225,9 +225,9 @@ def _decide(lp, best: float | None, candidate: float | None):
     return decide(best, candidate, obj.threshold(lp.noise, best), name=obj.name, sign=obj.sign)
 
 
-def interrupted(lp, x: Experiment, m=None) -> Row:
+def interrupted(lp, x: Experiment, m=None, reason: str = "interrupted (Ctrl-C or SIGTERM)") -> Row:
     lp.git.reset_hard(lp.best_sha)
-    return record_as(lp, x, Status.INTERRUPTED, m=m, reason="interrupted (Ctrl-C or SIGTERM)")
+    return record_as(lp, x, Status.INTERRUPTED, m=m, reason=reason)
 
 
 def record(lp, x: Experiment, row: Row) -> Row:
