@@ -135,9 +135,8 @@ def _run_committed(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     if x.spec.kind != "baseline":               # prepared beside the baseline: runs once it is kept
         if not lp.gate.is_open():
             lp.events.phase(x, "waiting", commit=short(x.sha) if x.sha else None, description=x.description)
-        if not lp.gate.wait(lp.stopping):
-            return Outcome("interrupted") if lp.stopping.is_set() else \
-                Outcome("held", "not run: the baseline it waited for was not kept")
+        if not lp.gate.wait(lp.stopping) and not lp.stopping.is_set():
+            return Outcome("held", "not run: the baseline it waited for was not kept")
     if lp.stopping.is_set():      # Ctrl-C came while this one was being prepared: do not start its run
         return Outcome("interrupted")
     return Outcome("ran", run=_train_and_classify(lp, ctx, x))
