@@ -199,6 +199,35 @@ def test_a_run_prepared_beside_a_baseline_that_is_not_kept_never_runs_and_is_que
     assert pending == [("knobs", 2)]       # 2's knob edit again, at the next session (after its baseline)
 
 
+def test_a_run_that_ends_at_once_beside_the_baseline_frees_no_room_for_more(tmp_path, monkeypatch):
+    """Two slots; the baseline trains while re-runs of a missing commit wait in the queue. The first ends at once
+    (its commit is not found) but cannot be recorded before the baseline: its slot takes nothing more, or it would
+    churn through the queue (an agent failing fast) while the baseline trains."""
+    root = make_repo(tmp_path)
+    gate = threading.Event()
+    ex = Scripted(2, {1: gate})
+    pending_sizes: list[int] = []
+    seen: list[list[bool]] = []
+    real_wait = cf.wait
+    monkeypatch.setattr(cf, "wait", lambda fs, *a, **k: (pending_sizes.append(len(fs)), real_wait(fs, *a, **k))[1])
+
+    def conductor():
+        _wait_until(lambda: lp.queue.is_started(2) and pending_sizes[-3:] == [1, 1, 1])   # 2 ended; 3 waits passed
+        seen.append([lp.queue.is_started(i) for i in (3, 4, 5)])
+        gate.set()
+
+    t = threading.Thread(target=conductor)
+    with loop(root, ex, gpus="cpu:2") as lp:
+        for i in range(4):
+            lp.queue.add("rerun", {"commit": "0" * 40, "seed": i})
+        t.start()
+        lp.run()
+    t.join()
+    assert seen == [[False, False, False]]
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == ["keep"] + ["validation"] * 4, [r.reason for r in rows]
+
+
 def _wait_until(cond) -> None:
     """Wait for a state of the scheduler (polled), bounded by WAIT: a hang fails, a slow machine does not."""
     deadline = time.monotonic() + WAIT
