@@ -15,12 +15,7 @@ BUDGET=${BUDGET:-15}; LIMIT=${LIMIT:-480}; BATCH=${BATCH:-2**19}; GPUS=${GPUS:-0
 t0=$(date +%s)
 REPO=$PWD; ws=/tmp/ws-dec
 if [[ -n ${RESUME:-} ]]; then SKIP_INSTALL=1; fi
-if [[ -z ${SKIP_INSTALL:-} ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
-fi
-date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+source bench/gpu_setup.sh
 export AR_CACHE=/tmp/arcache-dec
 [[ -n ${RESUME:-} ]] || python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
@@ -28,17 +23,7 @@ if [[ -z ${RESUME:-} ]]; then
 rm -rf "$ws" /tmp/near-null-agent.count
 python3 -m autoresearch init "$ws" >/dev/null
 cd "$ws"
-BATCH="$BATCH" python3 - <<'PY'
-import os, re
-from pathlib import Path
-p = Path("train.py"); s = p.read_text()
-old = "            dt = time.time() - t0\n"
-assert s.count(old) == 1
-s = s.replace(old, "            time.sleep(0.15 * (time.time() - t0))           # HANDICAP: 15 % slower steps\n" + old)
-s, n = re.subn(r"^TOTAL_BATCH_SIZE = \S+", f"TOTAL_BATCH_SIZE = {os.environ['BATCH']}", s, count=1, flags=re.M)
-assert n == 1
-p.write_text(s)
-PY
+python3 "$REPO/bench/handicap.py" train.py train.py --batch "$BATCH" --slow || exit 1
 git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped: each step 15 % slower (batch $BATCH)"
 printf 'dataset: builtin-site\n' > ar.yaml
 fi

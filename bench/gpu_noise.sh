@@ -8,10 +8,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGETS=${BUDGETS:-15,30}; RUNS=${RUNS:-3}; BATCH=${BATCH:-2**17}; LIMIT=${LIMIT:-540}
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
-date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+source bench/gpu_setup.sh
 export AR_CACHE=${AR_CACHE:-/tmp/arcache-noise}
 python3 -m autoresearch prepare builtin-site --vocab-size 8192 --max-bytes ${MAX_BYTES:-300000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"

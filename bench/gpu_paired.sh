@@ -12,10 +12,8 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-30}; BATCH=${BATCH:-2**17}; SEEDS=${SEEDS:-"42 43 44"}; VERSIONS=${VERSIONS:-"base fast lr099"}
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
-date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+REPO=$PWD
+source bench/gpu_setup.sh
 export AR_CACHE=${AR_CACHE:-/tmp/arcache-paired}
 python3 -m autoresearch prepare builtin-site --vocab-size 8192 --max-bytes ${MAX_BYTES:-300000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
@@ -23,22 +21,11 @@ ws=/tmp/ws-paired; rm -rf "$ws"
 python3 -m autoresearch init "$ws" >/dev/null && cd "$ws" || exit 1
 cp train.py /tmp/train-orig.py
 version() {   # write train.py for one version
-  BATCH="$BATCH" V="$1" python3 - <<'PY'
-import os, re
-from pathlib import Path
-s = Path("/tmp/train-orig.py").read_text()
-s, n = re.subn(r"^TOTAL_BATCH_SIZE = \S+", f"TOTAL_BATCH_SIZE = {os.environ['BATCH']}", s, count=1, flags=re.M)
-assert n == 1
-v = os.environ["V"]
-if v in ("base", "lr099"):
-    old = "            dt = time.time() - t0\n"
-    assert s.count(old) == 1
-    s = s.replace(old, "            time.sleep(0.15 * (time.time() - t0))           # HANDICAP: 15 % slower steps\n" + old)
-if v == "lr099":
-    s, n = re.subn(r"^LR_MULT = \S+", "LR_MULT = 0.99", s, count=1, flags=re.M)
-    assert n == 1
-Path("train.py").write_text(s)
-PY
+  case $1 in
+    base)  python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --slow ;;
+    fast)  python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" ;;
+    lr099) python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --slow --lr-mult 0.99 ;;
+  esac
 }
 version base
 git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped"
