@@ -5,21 +5,21 @@ slower (a sleep of 15 % of the step's own time: the same arithmetic, fewer steps
 """
 
 import argparse
-import re
 from pathlib import Path
+
+from autoresearch.knobs import parse_value, rewrite
 
 
 def edit(text: str, batch: str, slow: bool, lr_mult: str | None) -> str:
-    text, n = re.subn(r"^TOTAL_BATCH_SIZE = \S+", f"TOTAL_BATCH_SIZE = {batch}", text, count=1, flags=re.M)
-    assert n == 1, "train.py has no TOTAL_BATCH_SIZE knob"
+    knobs = {"TOTAL_BATCH_SIZE": parse_value(batch)}
+    if lr_mult is not None:
+        knobs["LR_MULT"] = parse_value(lr_mult)
+    text = rewrite(text, knobs)
     if slow:
         step_end = "            dt = time.time() - t0\n"
         assert text.count(step_end) == 1, "train.py's step timing line moved"
         text = text.replace(step_end, "            time.sleep(0.15 * (time.time() - t0))           "
                                       "# HANDICAP: 15 % slower steps\n" + step_end)
-    if lr_mult is not None:
-        text, n = re.subn(r"^LR_MULT = \S+", f"LR_MULT = {lr_mult}", text, count=1, flags=re.M)
-        assert n == 1, "train.py has no LR_MULT knob"
     return text
 
 
