@@ -9,7 +9,6 @@ hands its rows to the controller when it finishes, and one table of their sums i
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -51,26 +50,6 @@ def _split_key_home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AR_SECRET_DIR", str(tmp_path_factory.mktemp("split-key") / "secret"))
         yield
-
-
-@pytest.fixture(autouse=True)
-def _quiet_turns(request, tmp_path_factory, worker_id):
-    """A test marked `quiet` measures speed: it runs while the other xdist worker runs nothing (a test that starts
-    eight `ar run`s at once would slow one side of its comparison four-fold). Every other test holds a shared
-    lock, a quiet one the exclusive lock; a turnstile taken first keeps the shared holders from starving it."""
-    if worker_id == "master":               # one process: nothing runs beside the test
-        yield
-        return
-    root = tmp_path_factory.getbasetemp().parent            # the session's folder, shared by its workers
-    quiet = request.node.get_closest_marker("quiet") is not None
-    with open(root / "quiet.turnstile", "a") as turn, open(root / "quiet.lock", "a") as lock:
-        fcntl.flock(turn, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        fcntl.flock(turn, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture
