@@ -84,6 +84,8 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
     lucky = tmp_path / "lucky.py"
     lucky.write_text(LUCKY_SEED_AGENT)
     evaluator, val = pkg / "harness" / "evaluator.py", tok / "val.bin"
+    outside = tmp_path / "outside.txt"          # a file beside the repo: the sandboxed run may not write it
+    outside.write_text("untouched\n")
     git_dir = root / ".git"
     results = root / "runs" / "t" / "results.tsv"
 
@@ -103,6 +105,8 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
     at_run = {
         "appends to runs/<tag>/results.tsv at run time": ({"FAIL_MODE": "tamper", "TAMPER_PATH": str(results), **WIN},
                                                          {"crash"}, REFUSED),
+        "writes a file beside the repo at run time": ({"FAIL_MODE": "tamper", "TAMPER_PATH": str(outside), **WIN},
+                                                      {"crash"}, REFUSED),
         "writes into .git at run time": ({"FAIL_MODE": "git_tamper", **WIN}, {"crash"}, REFUSED),
         "edits the evaluator at run time": ({"FAIL_MODE": "tamper", "TAMPER_PATH": str(evaluator), **WIN},
                                             {"crash"}, REFUSED),
@@ -112,10 +116,10 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
         "hang after training": ({"FAIL_MODE": "hang_after", **WIN}, {"timeout"}, ("no checkpoint after",)),
         "trains past the budget": ({"FAIL_MODE": "overtime", **WIN}, {"timeout"},    # ar's clock, or its hard limit
                                    ("past the budget", "no checkpoint after")),
-        "NaN loss": ({"FAIL_MODE": "nan", **WIN}, {"crash"}, ("nan",)),
+        "NaN loss": ({"FAIL_MODE": "nan", **WIN}, {"crash"}, ("loss is nan",)),
         "out of memory": ({"FAIL_MODE": "oom", **WIN}, {"crash"}, ("out of memory",)),
         "crash with a traceback": ({"FAIL_MODE": "crash", **WIN}, {"crash"}, ("scripted crash",)),
-        "exits without a checkpoint": ({"FAIL_MODE": "no_checkpoint", **WIN}, {"crash"}, ("checkpoint",)),
+        "exits without a checkpoint": ({"FAIL_MODE": "no_checkpoint", **WIN}, {"crash"}, ("without saving a checkpoint",)),
         "NaN logits": ({"FAIL_MODE": "nan_logits", **WIN}, {"rejected", "crash"}, ("not finite",)),
         "deletes/truncates runs/ at run time": ({"FAIL_MODE": "wipe_runs", **WIN}, {"crash"}, REFUSED),
         "background processes outliving the run": ({"FAIL_MODE": "spawn"}, {"discard"}, ("",)),
@@ -150,6 +154,7 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
         loop.run(max_experiments=1)                                    # the baseline
         rows = read_results(root / "runs" / "t" / "results.tsv")
         assert [r.status for r in rows] == [Status.KEEP], [(r.status, r.reason) for r in rows]
+        baseline = rows[0].val_bpb
         base_files = {p: (root / p).read_bytes() for p in ("prepare.py", "program.md", ".gitignore")}
         for fault in agents:                                           # proposal time: one agent each
             loop.run(max_experiments=1)
@@ -189,6 +194,7 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
         "writes into .git (at proposal time)": [".git/hooks/post-commit left"] * ("post-commit" in hooks_now),
         "edits the evaluator at run time": ["the package copy changed"] * (digest(pkg) != package_before),
         "edits the data at run time": ["the data copy changed"] * (digest(tok) != data_before),
+        "writes a file beside the repo at run time": ["outside.txt changed"] * (outside.read_text() != "untouched\n"),
         "edits a protected file (prepare.py)": ["prepare.py changed"] * ((root / "prepare.py").read_bytes() !=
                                                                          base_files["prepare.py"]),
         "writes program.md in its own workspace": ["program.md changed"] * ((root / "program.md").read_bytes() !=
@@ -208,6 +214,12 @@ def test_misbehaving_proposals_are_never_kept(tmp_path, own_data, table):
         if exp_id in watch:
             bad += [f"pid {p} outlived the run" for p in outlived.get(exp_id, ["(not checked)"])]
             bad += ["no sleeper seen during the run (the check would miss one)"] * (not seen.get(exp_id))
+        if r is not None and (r.val_bpb is None) != (r.status is not Status.DISCARD):
+            bad.append(f"val_bpb {r.val_bpb} on a {r.status.value}")     # a failed run is never scored
+        if r is not None and r.status is Status.DISCARD and fault in at_run and "TOTAL_BATCH_SIZE" not in \
+                at_run[fault][0] and r.val_bpb != pytest.approx(baseline, abs=1e-5):     # no WIN ridden along
+            bad.append(f"val_bpb {r.val_bpb} != the baseline's {baseline}: what it did around training changed "
+                       "the model")
         if fault.startswith("floods") and r is not None:
             log = next((root / "runs" / "t").glob(f"{exp_id:04d}-*/train.log"))
             size = log.stat().st_size
