@@ -4,6 +4,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from autoresearch.config import RunConfig
@@ -15,10 +16,16 @@ from autoresearch.proposers.agent import AgentProposer, command_for, fill, rende
 from autoresearch.proposers.search import GridProposer, RandomProposer, StrategyProposer
 
 from fixtures.waits import until
-from test_loop import sleepers_left
 
 AGENTS = Path(__file__).parent / "fixtures" / "agents"
 BASE = {"DEPTH": 8, "TOTAL_BATCH_SIZE": 2**19, "DEVICE_BATCH_SIZE": "auto", "LR_MULT": 1.0, "WARMDOWN_RATIO": 0.5}
+
+
+def sleepers_left(tmp_path: Path) -> list[psutil.Process]:
+    """The fixtures' `time.sleep(10000)` children still alive that ran in this test's folder (xdist runs other
+    tests beside this one)."""
+    return [p for p in psutil.process_iter(["cmdline", "cwd"]) if "time.sleep(10000)" in " ".join(
+        p.info["cmdline"] or []) and str(tmp_path) in (p.info["cwd"] or "")]
 
 
 def row(knobs, status=Status.DISCARD, bpb=1.0, commit="c0", parent="", exp_id=1, description="d"):
