@@ -33,6 +33,20 @@ def pytest_sessionstart(session):
     ignored, and so would every `ar` a test interrupts (they would run on to the end)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _matplotlib_font_cache()
+    if not hasattr(session.config, "workerinput"):      # once, before the workers start
+        _package_bytecode()
+
+
+def _package_bytecode() -> None:
+    """The package's .pyc, written once before any test: an `ar` session sets PYTHONDONTWRITEBYTECODE for all it
+    starts (its package fingerprint must not move), and so may the machine (CI's does), so without these every
+    process the suite starts (each run's training process, evaluator, `ar` itself) compiles the package's
+    sources again: ~0.1 CPU-s each. Written before any fingerprint is taken; nothing writes one afterwards."""
+    import compileall
+    import re
+
+    import autoresearch
+    compileall.compile_dir(Path(autoresearch.__file__).parent, quiet=2, rx=re.compile(r"/resources/"))
 
 
 def _matplotlib_font_cache() -> None:
