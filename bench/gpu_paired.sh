@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Do paired seeds see what one run cannot? (issue: decisions with power). One call on the GPU host, repo root,
-# wheels in .whl/:   BUDGET=30 BATCH=2**17 SEEDS="42 43 44" bash bench/gpu_paired.sh
+# wheels in .whl/:   BUDGET=30 BATCH=2**17 SEEDS="42 43 44" [LR=0.5] bash bench/gpu_paired.sh
 # `ar init`, builtin-site; three versions of train.py, each trained once per seed with `ar try` (ar's clock, sandbox
 # and trusted evaluator; the seed from ar.yaml): the baseline handicapped (each step sleeps 15 % of its own time),
 # the handicap removed (the real improvement: the same arithmetic, more steps), and a near-null edit (LR_MULT 0.99).
@@ -20,10 +20,12 @@ echo "setup: $(( $(date +%s) - t0 )) s"
 ws=/tmp/ws-paired; rm -rf "$ws"
 python3 -m autoresearch init "$ws" >/dev/null && cd "$ws" || exit 1
 cp train.py /tmp/train-orig.py
+LR=${LR:-1.0}   # LR_MULT of base and fast: is the seed spread at 2**17 the learning rate's (tuned for 2**19)?
 version() {   # write train.py for one version
   case $1 in
-    base)  python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --slow ;;
-    fast)  python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" ;;
+    base)  python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --slow --lr-mult "$LR" ;;
+    fast)  python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --lr-mult "$LR" ;;
+    ref)   python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --slow ;;   # base at LR_MULT 1
     lr099) python3 "$REPO/bench/handicap.py" /tmp/train-orig.py train.py --batch "$BATCH" --slow --lr-mult 0.99 ;;
   esac
 }
