@@ -7,10 +7,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
-date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+source bench/gpu_setup.sh          # the carried wheels and this package; machine, python, torch
 K=/tmp/gpu-clock-out; mkdir -p $K; chmod 777 $K
 export AR_CACHE=/tmp/arcache     # one cache: the corpus is prepared once (the user's run finds its compiles warm)
 AR_TEST_OUT=$K python3 -m pytest -p no:cacheprovider -n 0 -q -s -m gpu tests/test_gpu_clock.py 2>&1 | tee "$OUT/root.log" | grep -E "^(credit|baseline|new shape|attack|grandchild)[ :]|passed|failed|Error|assert" | head -40

@@ -10,8 +10,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; chmod 777 "$OUT"
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+source bench/gpu_setup.sh          # the carried wheels and this package; machine, python, torch
 id bench >/dev/null 2>&1 || useradd -m bench
 chmod -R a+rX "$PWD"
 if [[ ${1:-1} == 1 ]]; then

@@ -10,12 +10,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; chmod 777 "$OUT"
 BUDGET=${BUDGET:-20}; RUNS=${RUNS:-"root:serial:strategy:3 user:serial:strategy:4"}
 REPO=$PWD
 t0=$(date +%s)
-if [[ -z ${SKIP_INSTALL:-} ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
-fi
-date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
-python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+source bench/gpu_setup.sh          # the carried wheels and this package; machine, python, torch
+nproc
 export AR_CACHE=/tmp/arcache
 python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"

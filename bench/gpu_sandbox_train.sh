@@ -2,8 +2,7 @@
 # One sandboxed train.py run on the GPU host, the way ar starts it, to read its log (a diagnostic).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 AR_CACHE=/tmp/arcache
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+source bench/gpu_setup.sh          # the carried wheels and this package; machine, python, torch
 python3 -m autoresearch prepare builtin-site --vocab-size 8192 --max-bytes 60000000 2>&1 | tail -1
 python3 - <<'PY'
 import json, os, subprocess, sys, tempfile

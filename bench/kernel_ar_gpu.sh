@@ -3,8 +3,7 @@
 # result and a cheat. Usage (repo root, on the GPU host): bash bench/kernel_ar_gpu.sh OUT_DIR
 set -uo pipefail
 out=${1:-/tmp/kernel-ar}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v WARNING | tail -2
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir . 2>&1 | grep -v WARNING | tail -2
+source bench/gpu_setup.sh          # the carried wheels and this package; machine, python, torch
 w=$(mktemp -d)/kern; cp -r examples/kernel "$w"; cd "$w"
 printf 'runs/\n__pycache__/\n' > .gitignore
 git init -q && git -c user.name=t -c user.email=t@t add -A && git -c user.name=t -c user.email=t@t commit -qm base
