@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import time
 from pathlib import Path
 
 import git
@@ -21,6 +22,8 @@ IGNORED = (f"/{RUNS_DIR}/", "__pycache__/", "*.pyc", ".aider*", "/.claude/", "/.
 _IDENTITY = {"GIT_AUTHOR_NAME": "ar", "GIT_AUTHOR_EMAIL": "ar@localhost",
              "GIT_COMMITTER_NAME": "ar", "GIT_COMMITTER_EMAIL": "ar@localhost"}
 TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+LOCK_WAIT = 5.0     # seconds a git write waits for another git's lock file (an editor's `git status` holds the
+                    # index's for milliseconds; one left by a killed git is cleared under ar's lock: session.py)
 
 
 def default_tag(today: _dt.date | None = None) -> str:
@@ -57,6 +60,9 @@ class GitRepo:
             raise GitError(f"{path} is a bare repository; ar needs a working tree")
         self.root = Path(self.repo.working_tree_dir).resolve()
         self.git_dir = Path(self.repo.git_dir).resolve()
+        # `git status` takes no lock to refresh the index (an `ar` reading the tree before its repo lock refused it
+        # held .git/index.lock while the holder checked out); `git diff` still may, so writes wait (_git)
+        self.repo.git.update_environment(GIT_OPTIONAL_LOCKS="0")
         self._env = None if self._has_identity() else _IDENTITY
 
     def _has_identity(self) -> bool:
@@ -68,12 +74,17 @@ class GitRepo:
             return False
 
     def _git(self, *args: str, **kw) -> str:
-        try:
-            return self.repo.git.execute(["git", "-c", "core.hooksPath=/dev/null", *args],
-                                         env=self._env, **kw)
-        except git.GitCommandError as e:
-            msg = (e.stderr or e.stdout or str(e)).strip().replace("stderr: ", "")
-            raise GitError(f"git {' '.join(args[:2])} failed in {self.root}: {msg}") from None
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                return self.repo.git.execute(["git", "-c", "core.hooksPath=/dev/null", *args],
+                                             env=self._env, **kw)
+            except git.GitCommandError as e:
+                msg = (e.stderr or e.stdout or str(e)).strip().replace("stderr: ", "")
+                if ".lock': File exists" in msg and time.monotonic() < deadline:
+                    time.sleep(0.05)          # another git holds it: it did nothing here, so try again
+                    continue
+                raise GitError(f"git {' '.join(args[:2])} failed in {self.root}: {msg}") from None
 
     # -- state -------------------------------------------------------------------------------------------
     def ensure_commits(self) -> None:
@@ -126,13 +137,22 @@ class GitRepo:
             lines = "".join(p + "\n" for p in missing)
             exclude.write_text(f"{text}{sep}# ar: experiment results and agents' scratch files\n{lines}")
 
-    def clear_stale_index_lock(self) -> bool:
-        """Remove .git/index.lock left by a killed git process; call only while holding ar's repo lock."""
+    def clear_stale_index_lock(self, settle: float = 1.0) -> bool:
+        """Remove .git/index.lock left by a killed git process; call only while holding ar's repo lock. A lock
+        younger than `settle` seconds may be a live git's (a `git diff` or an editor's `git status` refreshing
+        the index holds it for milliseconds, then renames it over the index by name): it is waited for, and
+        removed only if it is still there once that old."""
         lock = self.git_dir / "index.lock"
-        if lock.exists():
-            lock.unlink()
-            return True
-        return False
+        deadline = time.monotonic() + settle + 0.5
+        while True:
+            try:
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:
+                return False
+            if age >= settle or time.monotonic() > deadline:
+                lock.unlink(missing_ok=True)
+                return True
+            time.sleep(0.05)
 
     # -- branch ------------------------------------------------------------------------------------------
     def branch_exists(self, tag: str) -> bool:

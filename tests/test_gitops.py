@@ -121,7 +121,60 @@ def test_git_state_restore(repo):
 
 @pytest.mark.integration
 def test_stale_index_lock(repo):
+    """A lock a killed git left is removed; one a live git holds for a moment is waited out, never removed."""
+    import os
+    import threading
     g = GitRepo(repo)
-    (g.git_dir / "index.lock").write_text("")
-    assert g.clear_stale_index_lock() is True
+    lock = g.git_dir / "index.lock"
+    lock.write_text("")
+    os.utime(lock, (lock.stat().st_mtime - 5, lock.stat().st_mtime - 5))      # left 5 s ago
+    assert g.clear_stale_index_lock() is True and not lock.exists()
     assert g.clear_stale_index_lock() is False
+    lock.write_text("a live git's")
+    threading.Timer(0.2, lock.rename, (g.git_dir / "index.new",)).start()   # it finishes: renamed away by name
+    assert g.clear_stale_index_lock() is False
+    assert (g.git_dir / "index.new").read_text() == "a live git's"
+    lock.write_text("")                                   # fresh, and it stays: removed once a second old
+    assert g.clear_stale_index_lock(settle=0.3) is True and not lock.exists()
+
+
+@pytest.mark.integration
+def test_status_takes_no_index_lock(repo):
+    """`ar run` and `ar sweep` started together: the one refused by the repo lock has read the tree first; a git
+    status that refreshed the index then held .git/index.lock while the holder checked out its branch, which
+    failed on it. ar's status takes no optional lock: it never writes the index."""
+    import os
+    g = GitRepo(repo)
+    index = g.git_dir / "index"
+
+    def stale_stat():                          # a tracked file touched: its cached stat no longer matches
+        t = (repo / "train.py").stat().st_mtime + 5
+        os.utime(repo / "train.py", (t, t))
+        return index.stat().st_mtime_ns
+
+    before = stale_stat()
+    assert g.dirty_paths() == []
+    g.ensure_clean()
+    assert index.stat().st_mtime_ns == before
+    before = stale_stat()
+    sh(repo, "status", "--porcelain")         # what a plain read does: it refreshes and rewrites the index
+    assert index.stat().st_mtime_ns != before
+
+
+@pytest.mark.integration
+def test_a_write_waits_out_another_gits_lock_and_says_so_when_it_stays(repo, monkeypatch):
+    import threading
+
+    import autoresearch.gitops as gitops
+    g = GitRepo(repo)
+    lock = g.git_dir / "index.lock"
+    lock.write_text("")
+    threading.Timer(0.3, lock.unlink).start()                   # another git's, gone in a moment
+    (repo / "train.py").write_text("DEPTH = 9\n")
+    sha = g.commit(["train.py"], "deeper")
+    assert g.file_at(sha, "train.py") == "DEPTH = 9\n"
+    monkeypatch.setattr(gitops, "LOCK_WAIT", 0.3)
+    lock.write_text("")                                          # one left by a killed git: it stays
+    (repo / "train.py").write_text("DEPTH = 10\n")
+    with pytest.raises(GitError, match="index.lock"):
+        g.commit(["train.py"], "deeper still")

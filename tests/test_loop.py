@@ -540,8 +540,11 @@ def test_second_run_refuses_then_ctrl_c_records_interrupted(tmp_path):
         out, err = second.communicate(timeout=30)
         assert second.returncode == 3
         assert f"pid {p.pid}" in err and "tag t" in err and "Traceback" not in err
-        st = ar("status", "--repo", str(root), cwd=tmp_path)
-        out, _ = st.communicate(timeout=30)
+        for _ in range(5):      # between two experiments (one recorded, the next not yet begun) it says "now: idle"
+            st = ar("status", "--repo", str(root), cwd=tmp_path)
+            out, _ = st.communicate(timeout=30)
+            if "now: idle" not in out:
+                break
         kept = [r for r in read_results(root / "runs/t/results.tsv") if r.status.value == "keep"]  # read after:
         shown = re.search(r"experiment (\d{4})", out)     # a keep recorded since only adds to them
         assert f"pid {p.pid}" in out and shown and int(shown.group(1)) >= 2, out
