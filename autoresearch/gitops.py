@@ -141,18 +141,20 @@ class GitRepo:
         """Remove .git/index.lock left by a killed git process; call only while holding ar's repo lock. A lock
         younger than `settle` seconds may be a live git's (a `git diff` or an editor's `git status` refreshing
         the index holds it for milliseconds, then renames it over the index by name): it is waited for, and
-        removed only if it is still there once that old."""
+        removed only if it is still there once that old. One that keeps being taken anew is left alone (False):
+        a write then waits for it, or says it is there (_git)."""
         lock = self.git_dir / "index.lock"
         deadline = time.monotonic() + settle + 0.5
-        while True:
+        while time.monotonic() < deadline:
             try:
                 age = time.time() - lock.stat().st_mtime
             except FileNotFoundError:
                 return False
-            if age >= settle or time.monotonic() > deadline:
+            if age >= settle:
                 lock.unlink(missing_ok=True)
                 return True
             time.sleep(0.05)
+        return False
 
     # -- branch ------------------------------------------------------------------------------------------
     def branch_exists(self, tag: str) -> bool:

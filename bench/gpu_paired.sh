@@ -3,7 +3,8 @@
 # wheels in .whl/:   BUDGET=30 BATCH=2**17 SEEDS="42 43 44" [LR=0.5] bash bench/gpu_paired.sh
 # `ar init`, builtin-site; three versions of train.py, each trained once per seed with `ar try` (ar's clock, sandbox
 # and trusted evaluator; the seed from ar.yaml): the baseline handicapped (each step sleeps 15 % of its own time),
-# the handicap removed (the real improvement: the same arithmetic, more steps), and a near-null edit (LR_MULT 0.99).
+# the handicap removed (the real improvement: the same arithmetic, more steps), and a near-null edit (LR_MULT 0.99);
+# LR sets base's and fast's LR_MULT, and `ref` is base at LR_MULT 1 (VERSIONS="ref base" LR=0.5: the spread at both).
 # Per seed, the difference from the baseline: a same-seed comparison helps where that difference varies less than
 # two independent runs do. Writes $OUT/paired.tsv (version, seed, what `ar try` said) and the tag's trials.tsv (the
 # trials in that order: val_bpb, steps, tokens/s).
