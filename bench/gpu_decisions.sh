@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The keep decision on a GPU (issue: decisions with power). One call on the GPU host, from the repo root:
-#   BUDGET=15 BATCH=2**17 bash bench/gpu_decisions.sh          (then RESUME=1 bash bench/gpu_decisions.sh on the
+#   BUDGET=15 BATCH=2**17 [LR=0.5] bash bench/gpu_decisions.sh         (then RESUME=1 bash bench/gpu_decisions.sh on the
 #                                                              same warm machine: the session goes on where it stopped)
 # `ar init` workspace, builtin-site corpus, the baseline handicapped (each step sleeps 15 % of its own time,
 # so it is 15 % slower per step), the noise calibrated (3 runs), then a scripted agent proposes six near-null
-# edits of LR_MULT (1.005, 0.995, 1.01, 0.99, 1.02, 0.98) after the real improvement (the handicap removed;
+# edits of LR_MULT (x 1.005, 0.995, 1.01, 0.99, 1.02, 0.98; LR sets the baseline's) after the real improvement (the handicap removed;
 # PLAN=null-first: before it).
 # Expected: no near-null edit kept; the improvement kept. GPUS=0 (default): one slot; 0,0: two on one GPU (a
 # neighbour's evaluation then takes GPU time from a window: more noise).
@@ -23,7 +23,7 @@ if [[ -z ${RESUME:-} ]]; then
 rm -rf "$ws" /tmp/near-null-agent.count
 python3 -m autoresearch init "$ws" >/dev/null
 cd "$ws"
-python3 "$REPO/bench/handicap.py" train.py train.py --batch "$BATCH" --slow || exit 1
+python3 "$REPO/bench/handicap.py" train.py train.py --batch "$BATCH" --slow --lr-mult "${LR:-1.0}" || exit 1
 git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped: each step 15 % slower (batch $BATCH)"
 printf 'dataset: builtin-site\n' > ar.yaml
 fi
