@@ -16,7 +16,7 @@ t0=$(date +%s)
 REPO=$PWD; ws=/tmp/ws-dec
 if [[ -n ${RESUME:-} ]]; then SKIP_INSTALL=1; fi
 source bench/gpu_setup.sh
-export AR_CACHE=/tmp/arcache-dec
+export AR_CACHE=${AR_CACHE:-/tmp/arcache-dec}
 [[ -n ${RESUME:-} ]] || python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
 if [[ -z ${RESUME:-} ]]; then
