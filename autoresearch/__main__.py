@@ -1,3 +1,3 @@
-from .cli import main
+from autoresearch.cli import main
 
 main()

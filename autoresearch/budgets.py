@@ -14,7 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from .decide import SequentialRule, pooled_sigma
+from autoresearch.decide import SequentialRule, pooled_sigma
 
 N_BEST = 3          # the best's runs a candidate meets at first (measure.TOP_UP): what `detectable` assumes
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
-from .layout import NOISE
-from .objective import DEFAULT as DEFAULT_OBJECTIVE, Objective, parse as parse_objective
+from autoresearch.errors import ConfigError
+from autoresearch.records.layout import NOISE
+from autoresearch.objective import DEFAULT as DEFAULT_OBJECTIVE, Objective, parse as parse_objective
 
 PROPOSERS = ("agent", "grid", "random", "strategy")
 HOOK_EVENTS = ("run_started", "run_finished", "kept", "reverted", "crashed", "loop_finished")
@@ -168,7 +168,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     if key == "search_space":
         if not isinstance(value, dict) or not all(isinstance(v, list) and v for v in value.values()):
             raise ConfigError(f"{where} must map knob names to non-empty lists of values")
-        from .knobs import parse_value
+        from autoresearch.knobs import parse_value
         return {str(k): [parse_value(x) if isinstance(x, str) else x for x in v] for k, v in value.items()}
     if key == "agent_prices":
         return _check_prices(value, where)
@@ -185,7 +185,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
             out[event] = cmds
         return out
     if key == "gpus":
-        from .slots import parse_gpus
+        from autoresearch.slots import parse_gpus
         value = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         parse_gpus(value, probe=False, where=where)
         return value

@@ -4,7 +4,7 @@ Each class carries its exit code (the table in docs/usage.md): 1 a failure, 2 ba
 ConfigError and DataError are the harness's (harness/errors.py: the harness imports nothing of the runner).
 """
 
-from .harness.errors import ArError, ConfigError, DataError
+from autoresearch.harness.errors import ArError, ConfigError, DataError
 
 __all__ = ["ArError", "ConfigError", "DataError", "GitError", "LockHeld", "GpuError"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import git
 
-from .errors import GitError
+from autoresearch.errors import GitError
 
 RUNS_DIR = "runs"
 IGNORED = (f"/{RUNS_DIR}/", "__pycache__/", "*.pyc", ".aider*", "/.claude/", "/.codex/")
@@ -23,7 +23,7 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "ar", "GIT_AUTHOR_EMAIL": "ar@localhost",
              "GIT_COMMITTER_NAME": "ar", "GIT_COMMITTER_EMAIL": "ar@localhost"}
 TAG_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 LOCK_WAIT = 5.0     # seconds a git write waits for another git's lock file (an editor's `git status` holds the
-                    # index's for milliseconds; one left by a killed git is cleared under ar's lock: session.py)
+                    # index's for milliseconds; one left by a killed git is cleared under ar's lock: session/loop.py)
 
 
 def default_tag(today: _dt.date | None = None) -> str:

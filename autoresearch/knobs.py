@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
+from autoresearch.errors import ConfigError
 
 KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 Value = int | float | str | bool | None

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from autoresearch.errors import ConfigError
 
 VAL_BPB = "val_bpb"
 _KEYS = ("name", "unit", "direction", "command", "metric", "gate", "timeout", "noise", "sandbox")

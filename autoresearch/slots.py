@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .errors import ConfigError, GpuError
+from autoresearch.errors import ConfigError, GpuError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources as importlib_resources
 from pathlib import Path
 
-from .errors import ArError, GitError
+from autoresearch.errors import ArError, GitError
 
 TOP_LEVEL = ("train.py", "program.md")
 # results, bytecode, and the README's report outputs: `ar doctor` counts any other untracked file against the repo

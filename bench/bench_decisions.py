@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoresearch.decide import SequentialRule  # noqa: E402
-from autoresearch.ledger import read_results  # noqa: E402
+from autoresearch.records.ledger import read_results  # noqa: E402
 
 SCORE = '''import hashlib, json, os, random, re
 src = open("candidate.py").read()

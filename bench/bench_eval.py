@@ -133,8 +133,8 @@ def trusted(tok_dir: Path, ckpt: Path, rows: int, seq_len: int, eval_tokens: int
 
 def loop_end_to_end(budget: float, dataset: str, sandbox: bool) -> dict:
     from autoresearch.config import RunConfig
-    from autoresearch.ledger import read_results
-    from autoresearch.session import Loop
+    from autoresearch.records.ledger import read_results
+    from autoresearch.session.loop import Loop
     repo = Path(tempfile.mkdtemp(prefix="ar-bench-loop-"))
     shutil.copy(ROOT / "train.py", repo / "train.py")
     (repo / ".gitignore").write_text("runs/\n")

@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import autoresearch.session as loop_mod
+import autoresearch.session.loop as loop_mod
 from autoresearch.config import RunConfig
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 from autoresearch.proposers import Proposal
 
 TRAIN = '''

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoresearch.ledger import COLUMNS, Row, Status  # noqa: E402
+from autoresearch.records.ledger import COLUMNS, Row, Status  # noqa: E402
 
 
 def write_results(path: Path, n: int, seed: int = 0) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from autoresearch.config import RunConfig
 from autoresearch.harness import data
 from autoresearch.harness.env import resolve_profile
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 
 TINY_TRAIN = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_train.py"
 

@@ -37,7 +37,7 @@ cp runs/dec/results.tsv "$OUT/results.tsv"
 python3 - <<'PY' | tee "$OUT/decisions.md"
 import json
 from pathlib import Path
-from autoresearch.ledger import read_results
+from autoresearch.records.ledger import read_results
 rows = read_results(Path("runs/dec/results.tsv"))
 print("| exp | what | decision | runs | mean | z / bar |")
 print("| --- | --- | --- | --- | --- | --- |")

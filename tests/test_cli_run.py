@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from autoresearch.cli import app
 from autoresearch.config import DEFAULT_NOISE, RunConfig, load_config
 from autoresearch.errors import ConfigError
-from autoresearch.ledger import Status, read_results
+from autoresearch.records.ledger import Status, read_results
 
 from test_loop import no_ar_settings  # noqa: F401  (a fixture, asked for by name)
 from fixtures.cli import git, run_ar
@@ -222,8 +222,8 @@ def test_zero_config_with_the_real_train_py(tmp_path):
 def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp_path, prepared_cache, monkeypatch):
     from autoresearch.gitops import GitRepo
     from autoresearch.knobs import set_knobs
-    from autoresearch.ledger import read_results
-    from autoresearch.session import Loop
+    from autoresearch.records.ledger import read_results
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo
 
     for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
@@ -252,7 +252,7 @@ def test_ar_try_scores_the_working_tree_against_the_best_and_commits_nothing(tmp
 def test_ar_noise_trains_the_best_at_each_budget_with_ars_seeds_and_recommends_one(tmp_path, prepared_cache,
                                                                                    monkeypatch):
     from autoresearch.gitops import GitRepo
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo
 
     for var in ("AR_PROFILE", "AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_TOK_DIR", "AR_CHECKPOINT_DIR"):
@@ -285,7 +285,7 @@ def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_chec
                                                                                       monkeypatch):
     import os
     import shutil
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from autoresearch.workspace import init_workspace
     from test_loop import cfg, make_repo
 
@@ -314,7 +314,7 @@ def test_a_hand_run_of_train_py_says_how_to_score_it_and_ar_eval_scores_its_chec
 @pytest.mark.e2e
 @pytest.mark.usefixtures("no_ar_settings")
 def test_ar_eval_refuses_a_folder_without_weights_before_numbering_and_its_hint_is_true(tmp_path, prepared_cache):
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo
 
     root = make_repo(tmp_path)
@@ -332,7 +332,7 @@ def test_ar_eval_refuses_a_folder_without_weights_before_numbering_and_its_hint_
 def test_a_mistyped_config_key_gets_a_suggestion_and_the_run_limits_are_keys(tmp_path, prepared_cache):
     from autoresearch.config import load_config
     from autoresearch.errors import ConfigError
-    from autoresearch.ledger import read_results
+    from autoresearch.records.ledger import read_results
     from test_loop import make_repo
 
     bad = tmp_path / "bad.yaml"

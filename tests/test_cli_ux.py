@@ -24,7 +24,7 @@ import typer
 from typer.testing import CliRunner
 
 from autoresearch.cli import app
-from autoresearch.ledger import Ledger, Row, Status
+from autoresearch.records.ledger import Ledger, Row, Status
 
 from test_loop import no_ar_settings  # noqa: F401  (a fixture, asked for by name)
 

@@ -12,10 +12,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from autoresearch import compile_cache
+from autoresearch.experiment import compile_cache
 from autoresearch.harness.env import default_cache
 from autoresearch.proposers.agent import AgentProposer
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 
 from test_loop import AGENTS, _isolated, cfg, make_repo, statuses  # noqa: F401  (autouse fixture)
 import pytest
@@ -88,7 +88,7 @@ def test_trusted_runs_fill_the_store_an_agents_run_does_not(tmp_path):
 @pytest.mark.integration
 def test_the_agent_cannot_reach_the_store(tmp_path):
     """The agent runs outside the training sandbox: its own sandbox denies the store like the dataset."""
-    from autoresearch.experiment.prepare import _agent_policy
+    from autoresearch.experiment.propose import _agent_policy
     root = probe_repo(tmp_path)
     with Loop(cfg(), root, "t") as lp:
         deny = _agent_policy(lp)["deny"]

@@ -13,10 +13,10 @@ import pytest
 
 from autoresearch.views import report as rep
 from autoresearch.config import load_config
-from autoresearch.cost import Usage, UsageReader, spent, summary
+from autoresearch.proposers.cost import Usage, UsageReader, spent, summary
 from autoresearch.errors import ConfigError
-from autoresearch.ledger import COLUMNS, HEADER, Ledger, Row, Status, read_results
-from autoresearch.session import Loop
+from autoresearch.records.ledger import COLUMNS, HEADER, Ledger, Row, Status, read_results
+from autoresearch.session.loop import Loop
 from autoresearch.proposers.agent import AgentProposer, command_for
 
 from test_loop import AGENTS, assert_consistent, cfg, make_repo

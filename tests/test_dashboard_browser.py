@@ -18,9 +18,9 @@ import threading
 
 import pytest
 
-from autoresearch.events import EventLog
-from autoresearch.lock import RepoLock
-from autoresearch.session import Loop
+from autoresearch.records.events import EventLog
+from autoresearch.records.lock import RepoLock
+from autoresearch.session.loop import Loop
 from autoresearch.proposers import Proposal
 
 from test_loop import _isolated, cfg, make_repo  # noqa: F401  (autouse fixture)

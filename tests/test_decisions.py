@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from autoresearch.harness import sandbox
-from autoresearch.ledger import read_results
+from autoresearch.records.ledger import read_results
 from fixtures.cli import committed_repo, run_ar
 
 SCORE = '''import hashlib, json, os, random, re

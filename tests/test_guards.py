@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import guards
+from autoresearch.trust import guards
 from autoresearch.gitops import GitRepo
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from autoresearch.errors import ConfigError
-from autoresearch.hooks import EVENTS, Hooks
-from autoresearch.ledger import Status
+from autoresearch.session.hooks import EVENTS, Hooks
+from autoresearch.records.ledger import Status
 
 PAYLOAD = {"tag": "nov30", "exp_id": 7, "commit": "a1b2c3d", "val_bpb": 0.9979, "status": Status.KEEP,
            "description": "wider MLP"}

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from autoresearch.cli import app
 from autoresearch.errors import ArError
-from autoresearch.integrity import Fingerprint
+from autoresearch.trust.integrity import Fingerprint
 from autoresearch.knobs import set_knobs
-from autoresearch.ledger import Status, read_results
+from autoresearch.records.ledger import Status, read_results
 from autoresearch.workspace import init_workspace, packaged_resources
 
 ROOT = Path(__file__).resolve().parents[1]

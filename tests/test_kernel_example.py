@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch.harness import sandbox
-from autoresearch.ledger import read_results
+from autoresearch.records.ledger import read_results
 from autoresearch.objective import Objective
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "kernel"

@@ -3,9 +3,10 @@ import os
 
 import pytest
 
-from autoresearch import ledger as ledger_mod
+from autoresearch.records import ledger as ledger_mod
 from autoresearch.errors import ArError
-from autoresearch.ledger import (COLUMNS, HEADER, UPSTREAM_COLUMNS, Ledger, LedgerError, Row, Status, append_line,
+from autoresearch.records.durable import append_line
+from autoresearch.records.ledger import (COLUMNS, HEADER, UPSTREAM_COLUMNS, Ledger, LedgerError, Row, Status,
                                  read_results)
 
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from autoresearch.ledger import Status
-from autoresearch.limits import Limits, Stop
+from autoresearch.records.ledger import Status
+from autoresearch.session.limits import Limits, Stop
 
 from fixtures.clocks import ManualClock
 

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from autoresearch.errors import LockHeld
-from autoresearch.lock import RepoLock, gpu_lock_path, metadata_path, read_holder
+from autoresearch.records.lock import RepoLock, gpu_lock_path, metadata_path, read_holder
 
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from autoresearch.lock import RepoLock
+    from autoresearch.records.lock import RepoLock
     lock = RepoLock(Path(sys.argv[1]), tag="nov30", command="ar run")
     lock.acquire()
     print("ready", flush=True)
@@ -26,7 +26,7 @@ CONTENDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from autoresearch.errors import LockHeld
-    from autoresearch.lock import RepoLock
+    from autoresearch.records.lock import RepoLock
     start = float(sys.argv[2])
     while time.time() < start:
         time.sleep(0.001)
@@ -155,7 +155,7 @@ def ar(*args, cwd, timeout=180):
 def holding_the_lock(root):
     """Another process holds the repo's lock (as a running `ar run` would) while the block runs."""
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from pathlib import Path; from autoresearch.lock import RepoLock\n"
+        "import time; from pathlib import Path; from autoresearch.records.lock import RepoLock\n"
         "l = RepoLock(Path('runs/.ar.lock'), tag='night', command='ar run'); l.acquire(); print('held', flush=True)\n"
         "time.sleep(60)")], cwd=root, stdout=subprocess.PIPE, text=True)
     try:

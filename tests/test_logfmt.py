@@ -24,7 +24,7 @@ def test_summary_block_keys_in_order_and_unknowns():
 
 def test_a_small_runs_token_count_survives_the_summary():
     """36,864 tokens (9 CPU steps of 4,096) read 0.0K in `ar report` when the summary printed one decimal."""
-    from autoresearch.metrics import parse_log
+    from autoresearch.experiment.metrics import parse_log
     text = logfmt.format_summary(training_seconds=3, total_seconds=4, peak_vram_mb=None, mfu_percent=None,
                                  total_tokens_M=36864 / 1e6, num_steps=9, num_params_M=1.0, depth=1, gpu="cpu",
                                  peak_tflops=None)

@@ -18,14 +18,14 @@ import pytest
 
 from autoresearch.config import RunConfig
 from autoresearch.errors import GitError
-from autoresearch.events import fold, read as read_events
+from autoresearch.records.events import fold, read as read_events
 from autoresearch.gitops import GitRepo
 from autoresearch.knobs import read_knobs, rewrite, set_knobs
-from autoresearch.ledger import Ledger, Row, Status, read_results
-from autoresearch.session import Loop
+from autoresearch.records.ledger import Ledger, Row, Status, read_results
+from autoresearch.session.loop import Loop
 from autoresearch.proposers.agent import AgentProposer
 from autoresearch.proposers.search import StrategyProposer
-from autoresearch.queue import ExperimentQueue
+from autoresearch.records.queue import ExperimentQueue
 from autoresearch.views.status import read_status
 
 
@@ -323,8 +323,8 @@ def test_rerun_and_confirmation(tmp_path):
 
 @pytest.mark.e2e
 def test_a_win_at_a_very_different_throughput_with_the_same_model_is_confirmed_first(tmp_path, prepared_cache):
-    from autoresearch.ledger import read_results
-    from autoresearch.session import Loop
+    from autoresearch.records.ledger import read_results
+    from autoresearch.session.loop import Loop
 
     root = make_repo(tmp_path)
     with Loop(cfg(noise=0.002), root, "t", None) as lp:
@@ -596,8 +596,8 @@ def test_a_crashed_baseline_can_be_fixed_on_the_same_tag(tmp_path, prepared_cach
 def test_a_users_commit_on_the_branch_runs_as_a_proposal_and_is_never_reset_over(tmp_path, prepared_cache):
     from autoresearch.gitops import GitRepo
     from autoresearch.knobs import set_knobs
-    from autoresearch.ledger import read_results
-    from autoresearch.session import Loop
+    from autoresearch.records.ledger import read_results
+    from autoresearch.session.loop import Loop
 
     root = make_repo(tmp_path)
     Loop(cfg(noise=0.002), root, "t", None).run()                         # the baseline, kept
@@ -620,8 +620,8 @@ def test_a_users_commit_that_loses_stays_reachable_and_one_outside_scope_is_refu
     from autoresearch.errors import GitError
     from autoresearch.gitops import GitRepo
     from autoresearch.knobs import set_knobs
-    from autoresearch.ledger import read_results
-    from autoresearch.session import Loop
+    from autoresearch.records.ledger import read_results
+    from autoresearch.session.loop import Loop
 
     root = make_repo(tmp_path)
     Loop(cfg(noise=0.002), root, "t", None).run()

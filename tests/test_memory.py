@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autoresearch import memory
+from autoresearch.proposers import memory
 from autoresearch.cli import app
 from autoresearch.gitops import GitRepo
-from autoresearch.ledger import Ledger, Row, Status
-from autoresearch.session import Loop
+from autoresearch.records.ledger import Ledger, Row, Status
+from autoresearch.session.loop import Loop
 from autoresearch.proposers.agent import AgentProposer
-from autoresearch.repeats import REFUSED, change_fingerprint, find_repeat, normalise_line, program_fingerprint
+from autoresearch.trust.repeats import REFUSED, change_fingerprint, find_repeat, normalise_line, program_fingerprint
 
 from test_loop import _isolated, agent_cmd, assert_consistent, cfg, make_repo  # noqa: F401  (autouse fixture)
 
@@ -151,7 +151,7 @@ def git(root: Path, *args: str) -> str:
 
 
 def test_same_build_compares_the_checkpoints_config_and_the_knobs_it_does_not_explain(tmp_path):
-    from autoresearch.repeats import same_build
+    from autoresearch.trust.repeats import same_build
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
@@ -167,8 +167,8 @@ def test_same_build_compares_the_checkpoints_config_and_the_knobs_it_does_not_ex
 
 @pytest.mark.e2e
 def test_a_win_that_built_the_same_model_as_the_best_is_not_kept(tmp_path, prepared_cache):
-    from autoresearch.ledger import read_results
-    from autoresearch.session import Loop
+    from autoresearch.records.ledger import read_results
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo
 
     root = make_repo(tmp_path, DEPTH=7)

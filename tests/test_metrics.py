@@ -6,7 +6,7 @@ import pytest
 
 from autoresearch.harness import gpus
 from autoresearch.harness.logfmt import format_step, format_summary
-from autoresearch.metrics import (DegradedWatch, Metrics, StepPoint, parse_log, parse_log_file, parse_step,
+from autoresearch.experiment.metrics import (DegradedWatch, Metrics, StepPoint, parse_log, parse_log_file, parse_step,
                                   recompute_mfu)
 
 LOGS = Path(__file__).parent / "data" / "logs"

@@ -13,7 +13,7 @@ import pytest
 from autoresearch.config import load_config
 from autoresearch.decide import decide
 from autoresearch.errors import ConfigError
-from autoresearch.ledger import read_results
+from autoresearch.records.ledger import read_results
 from autoresearch.objective import Objective, parse
 
 GOOD = {"name": "score", "command": "python score.py", "metric": {"regex": r"score: (-?[0-9.]+)"}}

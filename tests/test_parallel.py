@@ -25,10 +25,10 @@ from autoresearch.slots import Slot, parse_gpus
 from autoresearch.executors.local import LocalExecutor
 from autoresearch.gitops import GitRepo
 from autoresearch.harness.env import default_cache
-from autoresearch.ledger import Status, read_results
-from autoresearch.lock import RepoLock, gpu_lock_path
+from autoresearch.records.ledger import Status, read_results
+from autoresearch.records.lock import RepoLock, gpu_lock_path
 from autoresearch.views.status import read_status
-from autoresearch.session import Loop as ParallelLoop
+from autoresearch.session.loop import Loop as ParallelLoop
 from autoresearch.proposers.search import StrategyProposer
 
 from test_loop import _isolated, assert_consistent, cfg, make_repo, statuses  # noqa: F401  (autouse fixture)

@@ -10,7 +10,7 @@ import pytest
 from autoresearch.config import RunConfig
 from autoresearch.errors import ConfigError
 from autoresearch.harness.env import PROFILES
-from autoresearch.ledger import Row, Status
+from autoresearch.records.ledger import Row, Status
 from autoresearch.proposers import Context, ProposalFailed, make_proposer
 from autoresearch.proposers.agent import AgentProposer, command_for, fill, render_prompt
 from autoresearch.proposers.search import GridProposer, RandomProposer, StrategyProposer

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from autoresearch import ledger as ledger_mod
-from autoresearch.ledger import LedgerError
-from autoresearch.queue import ExperimentQueue, Spec
+from autoresearch.records import ledger as ledger_mod
+from autoresearch.records.ledger import LedgerError
+from autoresearch.records.queue import ExperimentQueue, Spec
 
 
 def test_order_and_lifecycle(tmp_path):

@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from autoresearch.cli import app
-from autoresearch.ledger import read_results
+from autoresearch.records.ledger import read_results
 from autoresearch.views.status import read_status
-from autoresearch.session import Loop as ParallelLoop
+from autoresearch.session.loop import Loop as ParallelLoop
 
 from test_loop import assert_consistent, cfg, make_repo
 

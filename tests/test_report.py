@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autoresearch import memory
+from autoresearch.proposers import memory
 from autoresearch.cli import app
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 from autoresearch.views import plots
 from autoresearch.views import report as rep
-from autoresearch.ledger import COLUMNS, Ledger, Row, Status
+from autoresearch.records.ledger import COLUMNS, Ledger, Row, Status
 
 from test_loop import cfg, make_repo, no_ar_settings  # noqa: F401  (no_ar_settings: a fixture, asked for by name)
 from fixtures.cli import committed_repo, run_ar
@@ -393,7 +393,7 @@ def test_default_tag_is_the_newest_and_all_reads_every_tag(upstream_repo, monkey
 
 
 def test_the_report_lists_windows_shorter_than_the_budget_and_why():
-    from autoresearch.ledger import Row, Status
+    from autoresearch.records.ledger import Row, Status
     from autoresearch.views.report import build, sections
 
     def row(i, reason):
@@ -453,7 +453,7 @@ def test_small_token_counts_survive_results_tsv(tmp_path):
 
 @pytest.mark.e2e
 def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, prepared_cache):
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from autoresearch.views.status import read_status
     from test_loop import cfg, make_repo
 
@@ -473,7 +473,7 @@ def test_status_reports_the_calibrated_noise_and_a_sweeps_own_budgets(tmp_path, 
 @pytest.mark.integration
 @pytest.mark.usefixtures("no_ar_settings")
 def test_report_all_shows_exp_ids_and_tags_oldest_first(tmp_path):
-    from autoresearch.ledger import Ledger, Row
+    from autoresearch.records.ledger import Ledger, Row
 
     def rows(tag, n):
         return [Row(commit=f"{tag}{i:06d}", val_bpb=3.0 - i / 10, memory_gb=None, status=Status.KEEP,

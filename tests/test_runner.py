@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from autoresearch.runner import RUN_ID_VAR, find_marked, run_training, stop_marked
+from autoresearch.process import RUN_ID_VAR, find_marked, run_training, stop_marked
 
 from fixtures.clocks import ManualClock
 
@@ -193,7 +193,7 @@ def test_could_not_start(tmp_path):
 DRIVER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from autoresearch.runner import run_training
+    from autoresearch.process import run_training
     code = "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(60)" % sys.argv[1]
     run_training([sys.executable, "-c", code], cwd=Path.cwd(), env=dict(os.environ),
                  log_path=Path(sys.argv[1] + ".log"), timeout=60)

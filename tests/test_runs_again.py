@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from autoresearch.ledger import Status, read_results
+from autoresearch.records.ledger import Status, read_results
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +37,7 @@ def test_a_run_whose_data_changed_under_it_runs_again_at_the_next_session(tmp_pa
     """Item 2, the data's case: the training data changes while experiment 2 trains (a file touched: the fingerprint
     holds size, times and inode), so the run is a crash and the session halts; it is not the proposal's doing, so
     the next `ar run` runs that proposal again, once."""
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import assert_consistent, cfg, make_repo
     cache = tmp_path / "cache"              # a copy of the shared dataset: this test changes it
     cache.mkdir()
@@ -64,7 +64,7 @@ def test_a_run_whose_data_changed_under_it_runs_again_at_the_next_session(tmp_pa
 
 def test_an_experiment_cut_off_by_a_stop_runs_again_once_at_the_next_session(tmp_path, prepared_cache):
     from autoresearch.proposers.search import StrategyProposer
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import assert_consistent, cfg, make_repo
 
     root = make_repo(tmp_path)
@@ -92,7 +92,7 @@ def test_an_experiment_cut_off_by_a_stop_runs_again_once_at_the_next_session(tmp
 
 def test_a_crash_outside_the_proposal_runs_again_once(tmp_path, prepared_cache):
     import psutil
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import assert_consistent, cfg, make_repo
 
     def kill_the_evaluator():
@@ -127,8 +127,8 @@ def test_the_baseline_is_never_given_up(tmp_path, prepared_cache):
     """kill -9 during the baseline, again and again: the next session runs it again, never a proposal in its
     place (which would be `first result: … is the baseline`)."""
     from autoresearch.proposers.search import StrategyProposer
-    from autoresearch.queue import ExperimentQueue
-    from autoresearch.session import MAX_STARTS, Loop
+    from autoresearch.records.queue import ExperimentQueue
+    from autoresearch.session.loop import MAX_STARTS, Loop
     from test_loop import assert_consistent, cfg, make_repo
 
     root = make_repo(tmp_path)

@@ -15,8 +15,8 @@ import pytest
 
 from autoresearch.errors import ConfigError
 from autoresearch.harness import sandbox
-from autoresearch.ledger import read_results
-from autoresearch.session import Loop
+from autoresearch.records.ledger import read_results
+from autoresearch.session.loop import Loop
 
 from fixtures.waits import until
 
@@ -122,7 +122,7 @@ def test_the_supervisor_leaves_no_daemon_behind(tmp_path):
 
 @pytest.mark.e2e
 def test_no_sandbox_refuses_in_one_line_and_unsandboxed_marks_every_result(tmp_path, monkeypatch, prepared_cache):
-    import autoresearch.session as loop_mod
+    import autoresearch.session.loop as loop_mod
     monkeypatch.setattr(loop_mod.sandbox, "available", lambda: (False, "this kernel has no Landlock"))
     root = make_repo(tmp_path)
     with pytest.raises(ConfigError, match="no Landlock.*--unsandboxed"):

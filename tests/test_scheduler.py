@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from autoresearch.events import read as read_events
+from autoresearch.records.events import read as read_events
 from autoresearch.executors.local import LocalExecutor
 from autoresearch.experiment import settle
 from autoresearch.experiment.evaluate import Verdict
 from autoresearch.experiment.execute import TrainOutcome
 from autoresearch.experiment.trial import Trial
-from autoresearch.ledger import read_results
-from autoresearch.runner import RunResult
-from autoresearch.session import Loop
+from autoresearch.records.ledger import read_results
+from autoresearch.process import RunResult
+from autoresearch.session.loop import Loop
 from autoresearch.slots import Slot
 
 from test_loop import _isolated, assert_consistent, cfg, make_repo  # noqa: F401  (autouse fixture)
@@ -241,7 +241,7 @@ def test_a_flight_knows_when_it_ended_before_a_waiter_wakes():
     before the future's done-callbacks run, so the end is noted in the slot itself: here a slow callback holds
     the callbacks back, and the waiter still reads the end (read from a done-callback, it read 0 under load and a
     run cut off by Ctrl-C was recorded as a crash)."""
-    from autoresearch.scheduler import Flight, _timed
+    from autoresearch.session.scheduler import Flight, _timed
     go, hold = threading.Event(), threading.Event()
     flight = Flight(None, None, None)
     with cf.ThreadPoolExecutor(max_workers=1) as pool:

@@ -15,9 +15,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from autoresearch.events import EventLog
-from autoresearch.ledger import Ledger, Row, Status
-from autoresearch.lock import RepoLock
+from autoresearch.records.events import EventLog
+from autoresearch.records.ledger import Ledger, Row, Status
+from autoresearch.records.lock import RepoLock
 
 pytestmark = pytest.mark.integration
 

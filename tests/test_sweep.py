@@ -12,7 +12,7 @@ import pytest
 from autoresearch.sweep import run as sw
 from autoresearch.sweep import file as sf
 from autoresearch.errors import ConfigError
-from autoresearch.ledger import COLUMNS, Row, Status, read_results
+from autoresearch.records.ledger import COLUMNS, Row, Status, read_results
 
 KNOBS = {"DEPTH": 8, "TOTAL_BATCH_SIZE": 2**19, "DEVICE_BATCH_SIZE": "auto", "LR_MULT": 1.0,
          "WINDOW_PATTERN": "L", "VALUE_EMBEDS": True, "COMPILE_MODEL": "auto", "CPU_BATCH_DIVISOR": 64}
@@ -153,7 +153,7 @@ def test_point_key_matches_int_and_float_and_explicit_seed():
 
 
 def test_the_identity_round_trips_through_results_tsv(tmp_path):
-    from autoresearch.ledger import Ledger
+    from autoresearch.records.ledger import Ledger
     s = parse({"name": "bb", "axes": {"TOTAL_BATCH_SIZE": [2**17, 2**16], "TIME_BUDGET": [60, 120]}})
     base = "abcdef1234567890abcdef1234567890abcdef12"
     pts = sf.expand(s)
@@ -181,7 +181,7 @@ def old_line(**fields) -> str:
 
 
 def test_an_old_header_reads_and_migrates_on_the_next_append(tmp_path):
-    from autoresearch.ledger import Ledger
+    from autoresearch.records.ledger import Ledger
     d = tmp_path / "sweep-bb"
     d.mkdir()
     done = "2026-11-30T10:00:00+00:00"
@@ -212,7 +212,7 @@ def test_an_old_header_reads_and_migrates_on_the_next_append(tmp_path):
 
 
 def test_an_upstream_results_tsv_is_still_refused_for_appends(tmp_path):
-    from autoresearch.ledger import Ledger, LedgerError
+    from autoresearch.records.ledger import Ledger, LedgerError
     (tmp_path / "results.tsv").write_text("commit\tval_bpb\tmemory_gb\tstatus\tdescription\n")
     with pytest.raises(LedgerError, match="other columns than ar writes"):
         Ledger(tmp_path).append(Row("abc", 1.0, None, Status.KEEP, "x"))
@@ -536,8 +536,8 @@ def test_no_other_ar_takes_the_repo_between_a_sweeps_loops(repo, tmp_path):
     opens: another holder tries the lock then."""
     from autoresearch.config import load_config
     from autoresearch.errors import LockHeld
-    from autoresearch.layout import RunsLayout
-    from autoresearch.lock import RepoLock
+    from autoresearch.records.layout import RunsLayout
+    from autoresearch.records.lock import RepoLock
     f = write_sweep(tmp_path / "sweep-lk.yaml", axes={"LR_MULT": [1.0, 3.0]},
                     fixed={"TIME_BUDGET": 0.3, "TOTAL_BATCH_SIZE": "2**17"}, validate_seeds=[1])
     cfg = load_config(tmp_path / "run.yaml")
@@ -584,7 +584,7 @@ def test_resume_after_kill_9_skips_what_finished_and_runs_nothing_twice(repo, tm
     assert rows[:len(before)] == before                     # nothing recorded was lost or rewritten
     assert sorted(r.knobs["LR_MULT"] for r in rows) == [0.5, 1.0, 1.5, 2.0]   # each point once
     assert all(r.status in (Status.KEEP, Status.DISCARD) for r in rows)
-    from autoresearch.queue import ExperimentQueue
+    from autoresearch.records.queue import ExperimentQueue
     q = ExperimentQueue(repo / "runs" / "sweep-kill" / "queue.jsonl")
     assert len(q) == 4 and not q.pending()                  # no spec queued twice
     assert [q.starts(s.id) for s in q.all()].count(2) == 1  # the one cut short ran again, only it

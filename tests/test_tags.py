@@ -16,7 +16,7 @@ import pytest
 from autoresearch.errors import ConfigError
 from autoresearch.gitops import default_tag
 from autoresearch.harness import data
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 
 from test_data import small_text
 from test_lock import holding_the_lock
@@ -76,7 +76,7 @@ def test_every_command_reads_the_tag_of_the_branch_you_are_on_else_todays_and_sa
     from typer.testing import CliRunner
     from autoresearch.cli import app
     from autoresearch.gitops import default_tag
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo, write_cfg
 
     root = make_repo(tmp_path)
@@ -109,7 +109,7 @@ def test_every_command_reads_the_tag_of_the_branch_you_are_on_else_todays_and_sa
 @pytest.mark.usefixtures("no_ar_settings")
 def test_ar_run_says_when_it_leaves_a_sweeps_branch(tmp_path, prepared_cache):
     from autoresearch.gitops import default_tag
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo
 
     root = make_repo(tmp_path)
@@ -125,7 +125,7 @@ def test_ar_run_says_when_it_leaves_a_sweeps_branch(tmp_path, prepared_cache):
 
 @pytest.mark.usefixtures("no_ar_settings")
 def test_a_tag_refuses_to_go_on_with_data_other_than_it_was_scored_on(tmp_path, prepared_cache):
-    from autoresearch.session import Loop
+    from autoresearch.session.loop import Loop
     from test_loop import cfg, make_repo, write_cfg
 
     root = make_repo(tmp_path)

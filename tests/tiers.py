@@ -72,7 +72,7 @@ def pytest_configure(config):
     subprocess.Popen._execute_child = _execute_child
     os.fork = _fork
     time.sleep = _sleep
-    from autoresearch import scheduler
+    from autoresearch.session import scheduler
     real_run = scheduler.Scheduler.run
 
     def run(self, *a, **k):

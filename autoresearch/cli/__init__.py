@@ -15,8 +15,8 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
-from ..errors import ArError
-from .app import app, brackets, configure_output, console, err_console, print_table, version  # noqa: F401
+from autoresearch.errors import ArError
+from autoresearch.cli.app import app, brackets, configure_output, console, err_console, print_table, version  # noqa: F401
 
 try:  # typer 0.2x carries its own copy of click, whose errors derive from TyperException
     from typer import TyperException as _UsageErrors
@@ -24,7 +24,7 @@ except ImportError:  # older typer: click's own
     from click import ClickException as _UsageErrors
 
 # Each module adds its commands to `app` on import.
-from . import prepare, run, sweep, report, doctor, journal, serve, tryout  # noqa: E402,F401
+from autoresearch.cli import prepare, run, sweep, report, doctor, journal, serve, tryout  # noqa: E402,F401
 
 
 def fail(message: str, code: int, as_json: bool) -> NoReturn:

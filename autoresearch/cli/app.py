@@ -76,7 +76,7 @@ def version() -> str:
     try:
         return metadata.version("autoresearch-ar")
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        from .. import __version__
+        from autoresearch import __version__
         return __version__
 
 

@@ -16,11 +16,11 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .app import app, console, print_table
-from ..views import doctor as dr
-from ..views import probe as pr
-from ..config import load_config
-from ..workspace import init_workspace
+from autoresearch.cli.app import app, console, print_table
+from autoresearch.views import doctor as dr
+from autoresearch.views import probe as pr
+from autoresearch.config import load_config
+from autoresearch.workspace import init_workspace
 
 SYMBOL = {dr.OK: "[green]✓[/]", dr.WARN: "[yellow]![/]", dr.FAIL: "[red]✗[/]"}
 CHECKLIST_WIDTH = 80  # the checklist's widest line, in a pipe too: a terminal's default width

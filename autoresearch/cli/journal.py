@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app, console, err_console
-from .. import memory
-from ..integrity import no_bytecode
+from autoresearch.cli.app import app, console, err_console
+from autoresearch.proposers import memory
+from autoresearch.trust.integrity import no_bytecode
 
 
 @app.command()

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app, console, err_console
+from autoresearch.cli.app import app, console, err_console
 
 
 @app.command()
@@ -23,7 +23,7 @@ def prepare(
     workers: Annotated[int, typer.Option(help="parallel downloads")] = 8,
 ) -> None:
     """Get a dataset into the cache and tokenize it, so that train.py can run on it."""
-    from ..harness import data, env
+    from autoresearch.harness import data, env
 
     vocab = vocab_size or env.resolve_profile().vocab_size
     tok = data.prepare(source, cache=env.default_cache(), vocab_size=vocab, name=name, path=path,

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app, console, err_console, print_table
-from ..views import plots
-from ..views import report as rep
+from autoresearch.cli.app import app, console, err_console, print_table
+from autoresearch.views import plots
+from autoresearch.views import report as rep
 
 
 @app.command()

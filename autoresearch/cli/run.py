@@ -11,13 +11,13 @@ import typer
 from rich.live import Live
 from rich.text import Text
 
-from ..config import load_config
-from ..harness.gpus import check_override as check_gpu_table
-from ..ledger import Row, Status
-from ..session import Event, Summary
-from ..session import build
-from ..views.status import read_status
-from .app import app, brackets, console, err_console
+from autoresearch.config import load_config
+from autoresearch.harness.gpus import check_override as check_gpu_table
+from autoresearch.records.ledger import Row, Status
+from autoresearch.session.loop import Event, Summary
+from autoresearch.session.loop import build
+from autoresearch.views.status import read_status
+from autoresearch.cli.app import app, brackets, console, err_console
 
 _STYLE = {"keep": "bold green", "discard": "yellow", "crash": "red", "timeout": "red", "rejected": "magenta",
           "degraded": "red", "pruned": "cyan", "interrupted": "bold red", "validation": "blue"}

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app, console, err_console
-from ..views import serve as dashboard
-from ..integrity import no_bytecode
+from autoresearch.cli.app import app, console, err_console
+from autoresearch.views import serve as dashboard
+from autoresearch.trust.integrity import no_bytecode
 
 
 @app.command()

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from .app import app, console, print_table
-from ..sweep import run as sw
-from ..sweep import file as sf
-from ..config import load_config
-from ..harness.gpus import check_override as check_gpu_table
-from ..session import check_repo
-from .run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
+from autoresearch.cli.app import app, console, print_table
+from autoresearch.sweep import run as sw
+from autoresearch.sweep import file as sf
+from autoresearch.config import load_config
+from autoresearch.harness.gpus import check_override as check_gpu_table
+from autoresearch.session.loop import check_repo
+from autoresearch.cli.run import AddressOpt, ExecutorOpt, GpusOpt, LiveView, StaleOpt, scale_out
 
 
 @app.command()

@@ -9,10 +9,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app, console
-from .. import tryout
-from ..config import load_config
-from .run import LiveView
+from autoresearch.cli.app import app, console
+from autoresearch.session import tryout
+from autoresearch.config import load_config
+from autoresearch.cli.run import LiveView
 
 RepoOpt = Annotated[Path, typer.Option(help="The git repo holding train.py.")]
 TagOpt = Annotated[Optional[str], typer.Option(help="Compare with this tag's best, on its settings (default: the "
@@ -75,8 +75,8 @@ def noise(budgets: Annotated[str, typer.Option(help="Training budgets to compare
     """Measure the noise of the tag's best at several budgets (each trained RUNS times with ar's seeds, as an
     experiment runs) and recommend the budget that tells the smallest gains from noise per hour of GPU. Nothing
     is committed; each run is a trial in runs/TAG/trials.tsv, the table in runs/TAG/noise-budgets.json."""
-    from ..budgets import table
-    from ..files import write_json
+    from autoresearch.budgets import table
+    from autoresearch.records.durable import write_json
 
     wanted = _budgets(budgets)
     cfg = load_config(config, {})

@@ -17,17 +17,18 @@ import threading
 import time
 from collections import deque
 
-from .. import faults, guards
-from ..errors import GitError
-from ..gitops import GitRepo, short
-from ..harness.env import default_cache
-from ..ledger import Status
-from ..lock import RepoLock, gpu_lock_path
-from ..metrics import DegradedWatch, parse_step
-from ..experiment import settle
-from ..experiment.context import Event, Experiment, SlotContext
-from ..experiment.trial import run_trial
-from ..slots import Slot
+from autoresearch import faults
+from autoresearch.trust import guards
+from autoresearch.errors import GitError
+from autoresearch.gitops import GitRepo, short
+from autoresearch.harness.env import default_cache
+from autoresearch.records.ledger import Status
+from autoresearch.records.lock import RepoLock, gpu_lock_path
+from autoresearch.experiment.metrics import DegradedWatch, parse_step
+from autoresearch.experiment import settle
+from autoresearch.experiment.context import Event, Experiment, SlotContext
+from autoresearch.experiment.trial import run_trial
+from autoresearch.slots import Slot
 
 TAIL_LINES = 64     # the run's last output lines, kept for a log the size cap cut short
 

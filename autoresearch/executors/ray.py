@@ -27,13 +27,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, GitError
-from ..gitops import short
-from ..harness import logfmt
-from ..metrics import parse_step
-from ..experiment import settle
-from ..runner import RunResult
-from ..slots import Slot, parse_gpus
+from autoresearch.errors import ConfigError, GitError
+from autoresearch.gitops import short
+from autoresearch.harness import logfmt
+from autoresearch.experiment.metrics import parse_step
+from autoresearch.experiment import settle
+from autoresearch.process import RunResult
+from autoresearch.slots import Slot, parse_gpus
 
 MAX_LOSSES = 3           # a task lost with its worker this often is recorded as a crash
 
@@ -55,11 +55,11 @@ def run_on_worker(bundle: bytes, req, manifest: dict, allowance):
     {"final": {...}} with the trial and the experiment's files as bytes."""
     import dataclasses
 
-    from ..experiment import evaluate
-    from ..experiment.trial import run_trial
-    from ..gitops import GitRepo
-    from ..harness.data import check_prepared
-    from ..harness.env import default_cache
+    from autoresearch.experiment import evaluate
+    from autoresearch.experiment.trial import run_trial
+    from autoresearch.gitops import GitRepo
+    from autoresearch.harness.data import check_prepared
+    from autoresearch.harness.env import default_cache
     node = socket.gethostname()
     work = Path(tempfile.mkdtemp(prefix="ar-task-"))
     try:
@@ -73,7 +73,7 @@ def run_on_worker(bundle: bytes, req, manifest: dict, allowance):
             subprocess.run(["git", "-C", str(repo), "checkout", "--quiet", "--detach", req.commit], **quiet)
         except subprocess.CalledProcessError as e:
             raise RuntimeError(f"worker {node} could not check out {req.commit[:7]}: {(e.stderr or '').strip()}") from None
-        from ..errors import DataError
+        from autoresearch.errors import DataError
         try:
             tok_dir = check_prepared(default_cache(), req.dataset, req.profile.vocab_size)
         except DataError as e:
@@ -84,7 +84,7 @@ def run_on_worker(bundle: bytes, req, manifest: dict, allowance):
         cmd = list(req.train_command)
         if cmd and Path(cmd[0]).name.startswith("python"):
             cmd = [sys.executable, *cmd[1:]]        # the worker's interpreter, not the driver's path
-        from .. import compile_cache        # this worker's own store: filled by trusted runs that ran here
+        from autoresearch.experiment import compile_cache  # this worker's own store: filled by trusted runs that ran here
         req = dataclasses.replace(req, tok_dir=tok_dir, cache=default_cache(), train_command=tuple(cmd),
                                   compile_store=compile_cache.store_dir(default_cache()) if req.compile_store else None)
         exp_dir = work / "exp"
@@ -139,7 +139,7 @@ class RayExecutor:
 
     def open(self, loop) -> None:
         ray = _ray()
-        from .local import LocalExecutor
+        from autoresearch.executors.local import LocalExecutor
         if not ray.is_initialized():
             ray.init(address=self.cfg.ray_address, logging_level="WARNING", log_to_driver=False,
                      include_dashboard=False)
@@ -241,7 +241,7 @@ class RayExecutor:
     @staticmethod
     def _follow(loop, ctx, x, gen, budget: float) -> dict:
         """Read a task's stream: step lines to the live view and the event stream, then its final result."""
-        from ..experiment.context import Event
+        from autoresearch.experiment.context import Event
         ray = _ray()
         for ref in gen:
             item = ray.get(ref)
@@ -256,8 +256,8 @@ class RayExecutor:
     @staticmethod
     def _failed(x, why: str, stop: str | None = None) -> RunResult:
         """A run that never happened: recorded as a crash (or interrupted) with `why`."""
-        from ..experiment.evaluate import Verdict
-        from ..experiment.execute import TrainOutcome
+        from autoresearch.experiment.evaluate import Verdict
+        from autoresearch.experiment.execute import TrainOutcome
         log = x.exp_dir / "train.log"
         with open(log, "a") as f:
             f.write(f"{logfmt.FAIL_PREFIX} {why}\n")

@@ -6,14 +6,14 @@ so again is not queued again, and says so.
 
 Other rules stay where they are: the baseline is queued again by Loop.open while none is kept, noise calibration
 counts its runs, a sweep resumes its unfinished points, and a spec started without a result (ar killed mid-run)
-runs again up to MAX_STARTS times (session.py).
+runs again up to MAX_STARTS times (session/loop.py).
 """
 
 from __future__ import annotations
 
-from ..ledger import Row, Status
-from ..queue import Spec
-from .context import Experiment
+from autoresearch.records.ledger import Row, Status
+from autoresearch.records.queue import Spec
+from autoresearch.experiment.context import Experiment
 
 INTERRUPTED = "was interrupted (Ctrl-C or SIGTERM)"
 HELD = "was not run (the baseline it waited for was not kept)"

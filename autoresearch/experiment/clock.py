@@ -50,10 +50,11 @@ finish so far, step + tail), so a resumed session keeps them.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+from autoresearch.records.durable import write_atomic
 
 FILE = "clock.json"
 CPU_FACTOR, CPU_SLACK = 1.3, 1.0
@@ -102,13 +103,11 @@ def note_baseline(tag_dir: Path, wall: float, cpu: float | None, finish: float |
                  max((x for x in (old.finish_cpu, finish_cpu) if x is not None), default=None),
                  min((x for x in (old.gpu, gpu) if x is not None), default=None),
                  (old.gpu is None or old.gpu_cold) and (gpu is None or cold))
-    tmp = Path(tag_dir) / f".{FILE}.tmp-{os.getpid()}"
     doc = {"credit": round(new.wall, 3)} | {k: round(v, 3) for k, v in (
         ("cpu", new.cpu), ("finish", new.finish), ("finish_cpu", new.finish_cpu), ("gpu", new.gpu)) if v is not None}
     if new.gpu is not None and new.gpu_cold:
         doc["gpu_cold"] = True
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, Path(tag_dir) / FILE)
+    write_atomic(Path(tag_dir) / FILE, json.dumps(doc))
     return new
 
 

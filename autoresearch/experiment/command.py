@@ -14,14 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..harness import sandbox
-from ..objective import Objective
-from ..request import RunRequest
-from ..runner import run_training
-from . import execute
-from .evaluate import Verdict
-from .execute import TrainOutcome, Workspace
-from .settle import last_output_line
+from autoresearch.harness import sandbox
+from autoresearch.objective import Objective
+from autoresearch.experiment.request import RunRequest
+from autoresearch.process import run_training
+from autoresearch.records.durable import write_json
+from autoresearch.experiment import execute
+from autoresearch.experiment.evaluate import Verdict
+from autoresearch.experiment.execute import TrainOutcome, Workspace
+from autoresearch.experiment.settle import last_output_line
 
 
 def policy(ws: Workspace) -> dict:
@@ -68,6 +69,6 @@ def run(req: RunRequest, obj: Objective, git, work_root: Path, exp_dir: Path, *,
             how = f"JSON key {obj.json_key!r}" if obj.json_key else f"regex {obj.regex!r}"
             error = f"the command printed no {obj.name} ({how}); see train.log"
     record.update(value=value, rejected=rejected, error=error)
-    (exp_dir / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(exp_dir / "record.json", record)
     return outcome, Verdict(value, rejected, error, record, None)
 

@@ -7,16 +7,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cost import Usage
-from ..errors import ArError
-from ..slots import Slot
-from ..gitops import GitRepo
-from ..knobs import read_knobs
-from ..layout import RunsLayout
-from ..ledger import Row
-from ..metrics import StepPoint
-from ..queue import Spec
-from . import evaluate, execute
+from autoresearch.proposers.cost import Usage
+from autoresearch.errors import ArError
+from autoresearch.slots import Slot
+from autoresearch.gitops import GitRepo
+from autoresearch.knobs import read_knobs
+from autoresearch.records.layout import RunsLayout
+from autoresearch.records.ledger import Row
+from autoresearch.experiment.metrics import StepPoint
+from autoresearch.records.queue import Spec
+from autoresearch.experiment import evaluate, execute
 
 
 @dataclass

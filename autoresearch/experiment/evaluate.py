@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..harness import sandbox
-from ..harness.data import hidden_sources
-from ..harness.env import KEPT_ENV
-from ..request import RunRequest
-from .execute import Workspace
+from autoresearch.harness import sandbox
+from autoresearch.harness.data import hidden_sources
+from autoresearch.harness.env import KEPT_ENV
+from autoresearch.experiment.request import RunRequest
+from autoresearch.experiment.execute import Workspace
 
 _ENV = KEPT_ENV + ("AR_GPU_MEMORY_GB", "LD_LIBRARY_PATH")
 

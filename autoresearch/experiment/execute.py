@@ -35,14 +35,14 @@ from typing import Callable
 
 import psutil
 
-from .. import compile_cache
-from ..gitops import GitRepo
-from ..harness import gputime, launcher, sandbox
-from ..harness.feed import Feed
-from ..harness.data import hidden_sources, train_view
-from ..request import RunRequest
-from ..runner import STOP_INTERRUPTED, RunResult, run_training
-from . import clock
+from autoresearch.experiment import compile_cache
+from autoresearch.gitops import GitRepo
+from autoresearch.harness import gputime, launcher, sandbox
+from autoresearch.harness.feed import Feed
+from autoresearch.harness.data import hidden_sources, train_view
+from autoresearch.experiment.request import RunRequest
+from autoresearch.process import STOP_INTERRUPTED, RunResult, run_training
+from autoresearch.experiment import clock
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import json
 import os
 import statistics
 
-from ..decide import Evidence, SequentialRule, Step, pooled_sigma
-from ..files import write_json
-from ..ledger import Row, Status
+from autoresearch.decide import Evidence, SequentialRule, Step, pooled_sigma
+from autoresearch.records.durable import write_json
+from autoresearch.records.ledger import Row, Status
 
 TOP_UP = 3                 # runs of the best after its keep (the calibration's count for the baseline)
 GROW, CAP = 4, 6           # then one run more for every GROW candidates judged against it, up to CAP runs: a best

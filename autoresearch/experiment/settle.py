@@ -14,18 +14,18 @@ import math
 import os
 from pathlib import Path
 
-from .. import faults
-from ..decide import Decision, decide, noise_from_repeats
-from ..gitops import short
-from ..harness import gpus
-from ..harness.env import default_cache
-from ..ledger import Row, Status, now_iso
-from ..metrics import parse_log_file, recompute_mfu
-from ..repeats import built_config, same_build
-from ..runner import STOP_INTERRUPTED
-from . import clock, measure
-from ..files import write_json
-from .context import Event, Experiment, SlotContext
+from autoresearch import faults
+from autoresearch.decide import Decision, decide, noise_from_repeats
+from autoresearch.gitops import short
+from autoresearch.harness import gpus
+from autoresearch.harness.env import default_cache
+from autoresearch.records.ledger import Row, Status, now_iso
+from autoresearch.experiment.metrics import parse_log_file, recompute_mfu
+from autoresearch.trust.repeats import built_config, same_build
+from autoresearch.process import STOP_INTERRUPTED
+from autoresearch.experiment import clock, measure
+from autoresearch.records.durable import write_json
+from autoresearch.experiment.context import Event, Experiment, SlotContext
 
 
 def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | None, budget: float):

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import compile_cache
-from ..gitops import GitRepo
-from ..harness import checkpoint
-from ..integrity import Fingerprint
-from ..request import RunRequest
-from . import command, evaluate, execute
-from ..files import write_json
+from autoresearch.experiment import compile_cache
+from autoresearch.gitops import GitRepo
+from autoresearch.harness import checkpoint
+from autoresearch.trust.integrity import Fingerprint
+from autoresearch.experiment.request import RunRequest
+from autoresearch.experiment import command, evaluate, execute
+from autoresearch.records.durable import write_json
 
 
 @dataclass

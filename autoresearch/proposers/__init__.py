@@ -8,15 +8,15 @@ Either way the loop checks, commits and runs the change the same way.
 
 from __future__ import annotations
 
-from ..config import RunConfig
-from ..errors import ConfigError
-from .base import Context, Proposal, ProposalFailed, Proposer  # noqa: F401  (the package's names)
+from autoresearch.config import RunConfig
+from autoresearch.errors import ConfigError
+from autoresearch.proposers.base import Context, Proposal, ProposalFailed, Proposer  # noqa: F401  (the package's names)
 
 
 def make_proposer(cfg: RunConfig, name: str | None = None) -> Proposer:
     """The proposer a config asks for: `name` (or cfg.proposer), else agent when an agent is set, else strategy."""
-    from .agent import AgentProposer
-    from .search import GridProposer, RandomProposer, StrategyProposer
+    from autoresearch.proposers.agent import AgentProposer
+    from autoresearch.proposers.search import GridProposer, RandomProposer, StrategyProposer
 
     name = name or cfg.proposer or ("agent" if cfg.agent else "strategy")
     if name == "agent":

@@ -23,13 +23,15 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from .. import faults, memory
-from ..cost import Prices, UsageReader
-from ..errors import ConfigError
-from ..ledger import Row
-from ..runner import STOP_INTERRUPTED, run_training
-from ..objective import shown
-from .base import Context, Proposal, ProposalFailed
+from autoresearch import faults
+import autoresearch.proposers.memory as memory
+from autoresearch.proposers.cost import Prices, UsageReader
+from autoresearch.errors import ConfigError
+from autoresearch.records.durable import write_json
+from autoresearch.records.ledger import Row
+from autoresearch.process import STOP_INTERRUPTED, run_training
+from autoresearch.objective import shown
+from autoresearch.proposers.base import Context, Proposal, ProposalFailed
 
 PRESETS: dict[str, list[str]] = {
     # --output-format json / --json change only what is printed (a result object, JSONL events): the cost and
@@ -83,7 +85,7 @@ def describe_hardware(profile_name: str, *, training: bool = True) -> str:
         import torch
         if not torch.cuda.is_available():
             return "no CUDA device visible"
-        from ..harness.gpus import lookup
+        from autoresearch.harness.gpus import lookup
         p = torch.cuda.get_device_properties(0)
         peak = lookup(p.name)
         peak_s = f"peak {peak.tflops:g} TFLOP/s dense BF16" if peak.tflops else "peak unknown (MFU unknown)"
@@ -96,7 +98,7 @@ def describe_hardware(profile_name: str, *, training: bool = True) -> str:
 
 def _attention_backends(device_name: str) -> str:
     try:
-        from ..harness.backend import probe_path, read_choice
+        from autoresearch.harness.backend import probe_path, read_choice
         choice = read_choice(probe_path(device_name))
         if choice:
             return f"probed choice {choice.get('attention')} (compile {choice.get('compile_model')})"
@@ -243,7 +245,7 @@ class AgentProposer:
                 if doc is None:
                     f.unlink(missing_ok=True)
                 else:
-                    f.write_text(json.dumps(doc) + "\n")
+                    write_json(f, doc)
             except OSError:
                 pass
         return text, record

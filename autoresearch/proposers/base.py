@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..cost import Usage
-from ..harness.env import Profile
-from ..knobs import Value
-from ..ledger import Row
-from ..objective import DEFAULT as DEFAULT_OBJECTIVE, Objective
+from autoresearch.proposers.cost import Usage
+from autoresearch.harness.env import Profile
+from autoresearch.knobs import Value
+from autoresearch.records.ledger import Row
+from autoresearch.objective import DEFAULT as DEFAULT_OBJECTIVE, Objective
 
 
 class ProposalFailed(Exception):

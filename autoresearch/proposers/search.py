@@ -10,9 +10,9 @@ import json
 import random
 from typing import Iterable
 
-from ..knobs import Value
-from ..ledger import Row, Status
-from .base import Context, Proposal
+from autoresearch.knobs import Value
+from autoresearch.records.ledger import Row, Status
+from autoresearch.proposers.base import Context, Proposal
 
 
 def _norm(v: Value) -> Value:

@@ -36,9 +36,9 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from ..errors import ConfigError, GitError
-from ..layout import META, RESULTS, RunsLayout
-from ..records import (FINISHED_STATUSES, _num, eval_value, norm_knobs, point_label, show_number,  # noqa: F401
+from autoresearch.errors import ConfigError, GitError
+from autoresearch.records.layout import META, RESULTS, RunsLayout
+from autoresearch.records.rows import (FINISHED_STATUSES, _num, eval_value, norm_knobs, point_label, show_number,  # noqa: F401
                        show_value, status_of)
 
 RUNNER_KNOBS = ("TIME_BUDGET",)
@@ -443,10 +443,10 @@ class Plan:
 
 def plan(path: str | Path, repo: str | Path, cfg, *, order: str | None = None, retry_crashed: bool = False) -> Plan:
     """Validate the sweep file against the base's train.py and work out what is left to run. Runs nothing."""
-    from ..gitops import GitRepo
-    from ..harness.env import PROFILES, resolve_profile
-    from ..knobs import scan
-    from ..ledger import read_results
+    from autoresearch.gitops import GitRepo
+    from autoresearch.harness.env import PROFILES, resolve_profile
+    from autoresearch.knobs import scan
+    from autoresearch.records.ledger import read_results
 
     head = read_header(path)
     git = GitRepo(repo)

@@ -1,7 +1,7 @@
 """Running a sweep: one experiment (one commit) per point of a sweep file, through the Loop.
 
 The sweep file, its points and the dry-run plan are sweep/file.py. Here: the early-stopping and successive
-halving decisions and --validate-top (pure; the seed statistics are records.py's), the EarlyStopper that feeds the first to
+halving decisions and --validate-top (pure; the seed statistics are records/rows.py's), the EarlyStopper that feeds the first to
 the Loop, and `run_sweep`, the one function that drives the Loop.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..layout import QUEUE, RESULTS, RunsLayout, TagLayout
-from ..records import FINISHED_STATUSES, SeedStats, _num, seed_stats, show_number, status_of, verdicts  # noqa: F401
-from .file import EarlyStop, Plan, Point, describe, identity, point_states, rows_by_point
+from autoresearch.records.layout import QUEUE, RESULTS, RunsLayout, TagLayout
+from autoresearch.records.rows import FINISHED_STATUSES, SeedStats, _num, seed_stats, show_number, status_of, verdicts  # noqa: F401
+from autoresearch.sweep.file import EarlyStop, Plan, Point, describe, identity, point_states, rows_by_point
 
 
 # ---------------------------------------------------------------- early stopping (pure)
@@ -124,7 +124,7 @@ class EarlyStopper:
         self._curves: dict[Path, list[tuple[float, float]]] = {}
 
     def references(self, budget: float | None) -> list[Curve]:
-        from ..ledger import read_results
+        from autoresearch.records.ledger import read_results
 
         out = []
         for r in read_results(self.tag_dir / RESULTS):
@@ -136,7 +136,7 @@ class EarlyStopper:
 
     def curve(self, log: Path) -> list[tuple[float, float]]:
         if log not in self._curves:
-            from ..harness.logfmt import STEP_RE
+            from autoresearch.harness.logfmt import STEP_RE
 
             pts = []
             try:
@@ -167,7 +167,7 @@ class EarlyStopper:
 def check_tree(p: Plan) -> None:
     """Before the plan is shown: a dirty tree is refused, naming `ar sweep`, unless it is the sweep's own branch
     (the Loop then discards what a cut-short point left, and refuses anything else the same way)."""
-    from ..gitops import GitRepo, branch_name
+    from autoresearch.gitops import GitRepo, branch_name
     git = GitRepo(p.repo)
     if git.current_branch() != branch_name(p.tag):
         git.ensure_clean(command="ar sweep")
@@ -180,9 +180,9 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
     Rounds: every point at once, or with early stopping one round per budget so that successive halving
     can leave the losers of a smaller budget out of the next. Specs queued by an earlier, interrupted call
     run first and nothing is queued twice. Then --validate-top re-runs the best K points with other seeds."""
-    from .. import config
-    from ..gitops import GitRepo, branch_name
-    from ..lock import RepoLock
+    from autoresearch import config
+    from autoresearch.gitops import GitRepo, branch_name
+    from autoresearch.records.lock import RepoLock
 
     cfg = config.replace(cfg, profile=p.profile)
     git = GitRepo(p.repo)
@@ -198,8 +198,8 @@ def run_sweep(p: Plan, cfg, *, early_stop: bool = False, validate_top: int = 0, 
 
 def _run_locked(p: Plan, cfg, held, *, early_stop: bool, validate_top: int, on_event, command: str) -> SweepResult:
     """run_sweep under its lock (`held`, lent to every Loop it opens)."""
-    from .. import config
-    from ..session import Event, Loop
+    from autoresearch import config
+    from autoresearch.session.loop import Event, Loop
 
     say = (lambda line: on_event(Event("info", line))) if on_event else (lambda line: None)
     monitor = EarlyStopper(p.tag_dir, p.sweep.early_stop) if early_stop else None
@@ -251,7 +251,7 @@ def _run_locked(p: Plan, cfg, held, *, early_stop: bool, validate_top: int, on_e
             _enqueue_validation(p, lp, validate_top)
     if ok and validate_top > 0:
         drain()
-    from ..ledger import read_results
+    from autoresearch.records.ledger import read_results
     rows = read_results(p.tag_dir / RESULTS)
     done = [r for r in rows_by_point(p.points, rows, p.base).values() if _val(r) is not None]
     result.best = min(done, key=lambda r: r.val_bpb) if done else None
@@ -269,7 +269,7 @@ def _enqueue_point(p: Plan, lp, q: Point) -> None:
 
 
 def _pending(p: Plan) -> list:
-    from ..queue import ExperimentQueue
+    from autoresearch.records.queue import ExperimentQueue
     return ExperimentQueue(p.tag_dir / QUEUE, warn=lambda m: None).pending()
 
 

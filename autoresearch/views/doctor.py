@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..errors import ArError, ConfigError
-from ..harness import gpus
-from ..harness.env import default_cache, resolve_profile
-from .probe import Gpu, ProbeReport, TorchFacts, last_line, run_script, torch_facts  # noqa: F401
+from autoresearch.errors import ArError, ConfigError
+from autoresearch.harness import gpus
+from autoresearch.harness.env import default_cache, resolve_profile
+from autoresearch.views.probe import Gpu, ProbeReport, TorchFacts, last_line, run_script, torch_facts  # noqa: F401
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 HEAD_DIM = 128  # the default model's head size
@@ -309,7 +309,7 @@ def compile_probe(timeout: float = 120) -> tuple[bool | None, str]:
 # ---------------------------------------------------------------------------------------------------------
 def _data_checker():
     try:
-        from ..harness.data import check_prepared
+        from autoresearch.harness.data import check_prepared
     except ImportError:
         return None
     return check_prepared
@@ -330,7 +330,7 @@ def check_sandbox(available: tuple[bool, str], isolation: tuple[str, str]) -> Ch
 
 
 def _sandbox_facts() -> tuple[tuple[bool, str], tuple[str, str]]:
-    from ..harness import sandbox
+    from autoresearch.harness import sandbox
     return sandbox.available(), (sandbox.isolation() if sandbox.abi_version() else ("none", ""))
 
 

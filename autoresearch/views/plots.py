@@ -9,10 +9,10 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import ArError
-from ..layout import GRID, RunsLayout
-from ..records import status_of
-from .report import axis_name, axis_value, hashable
+from autoresearch.errors import ArError
+from autoresearch.records.layout import GRID, RunsLayout
+from autoresearch.records.rows import status_of
+from autoresearch.views.report import axis_name, axis_value, hashable
 
 KEPT, DISCARDED, BEST = "#2ca02c", "#b0b0b0", "#1f5f1f"
 MAX_LABELS = 30  # kept changes named on the progress plot; beyond that only the biggest steps down

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..errors import ArError
-from ..harness import backend
+from autoresearch.errors import ArError
+from autoresearch.harness import backend
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import cost
-from .. import tags as tags_mod
-from ..errors import ArError, ConfigError
-from .. import objective
-from ..layout import RunsLayout
-from ..objective import DEFAULT, VAL_BPB, Objective
-from ..records import (FINISHED_STATUSES, norm_knobs, point_label, seed_stats, show_number, show_value,
+from autoresearch.proposers import cost
+from autoresearch.records import tags as tags_mod
+from autoresearch.errors import ArError, ConfigError
+from autoresearch import objective
+from autoresearch.records.layout import RunsLayout
+from autoresearch.objective import DEFAULT, VAL_BPB, Objective
+from autoresearch.records.rows import (FINISHED_STATUSES, norm_knobs, point_label, seed_stats, show_number, show_value,
                        status_of, verdicts)
 
 CANDIDATES = frozenset({"keep", "discard"})  # rows the top table ranks
@@ -54,7 +54,7 @@ def load(repo: str | Path, tag: str | None = None, all_tags: bool = False,
     """(tags, rows, how the tag was chosen: tags.py's rule; None with --all). Nothing to report (no runs/, no such
     tag, no row yet) is an ArError saying how to get results. A corrupt line of results.tsv is named through `warn`
     and skipped, as `ar run` and `ar status` do."""
-    from ..ledger import read_results
+    from autoresearch.records.ledger import read_results
 
     runs = RunsLayout(Path(repo)).runs
     if tag and all_tags:

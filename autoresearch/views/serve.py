@@ -28,15 +28,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import memory
-from ..errors import ArError, ConfigError
-from ..events import against_lock, fold
-from ..events import read as read_events
-from ..gitops import GitRepo
-from ..layout import TagLayout
-from ..ledger import read_results
-from ..lock import read_holder
-from .. import objective
+from autoresearch.proposers import memory
+from autoresearch.errors import ArError, ConfigError
+from autoresearch.records.events import against_lock, fold
+from autoresearch.records.events import read as read_events
+from autoresearch.gitops import GitRepo
+from autoresearch.records.layout import TagLayout
+from autoresearch.records.ledger import read_results
+from autoresearch.records.lock import read_holder
+from autoresearch import objective
 
 RESOURCES = Path(__file__).parent.parent / "resources"
 POLL_S = 0.5

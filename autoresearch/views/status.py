@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import events, objective, tags
-from ..errors import ArError
-from ..gitops import GitRepo
-from ..layout import EVENTS, RESULTS, RunsLayout
-from ..ledger import Ledger
-from ..lock import read_holder
+from autoresearch import objective
+from autoresearch.records import events
+from autoresearch.records import tags
+from autoresearch.errors import ArError
+from autoresearch.gitops import GitRepo
+from autoresearch.records.layout import EVENTS, RESULTS, RunsLayout
+from autoresearch.records.ledger import Ledger
+from autoresearch.records.lock import read_holder
 
 
 def read_status(repo: str | Path, tag: str | None = None) -> dict:

@@ -16,8 +16,8 @@ import yaml
 import autoresearch.cli as cli
 from autoresearch import faults
 from autoresearch.gitops import GitRepo
-from autoresearch.ledger import Row, Status, read_results
-from autoresearch.queue import ExperimentQueue
+from autoresearch.records.ledger import Row, Status, read_results
+from autoresearch.records.queue import ExperimentQueue
 from test_loop import EVAL_TOKENS, Cycle, make_repo  # noqa: F401  (re-exported: one stand-in repo for every suite)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -195,7 +195,7 @@ def own_copies(tmp_path: Path, monkeypatch, tiny_dataset, name: str) -> tuple[Pa
     import shutil
 
     import autoresearch
-    import autoresearch.integrity as integrity
+    import autoresearch.trust.integrity as integrity
     cache = tmp_path / name
     tok = cache / "builtin" / tiny_dataset.tok_dir.name
     shutil.copytree(tiny_dataset.tok_dir, tok)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autoresearch.config import load_config
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 
 from .helpers import History, audit, make_repo, poll, reap, spawn_ar, write_cfg
 

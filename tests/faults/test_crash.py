@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 
 from autoresearch.config import load_config
-from autoresearch.ledger import read_results
-from autoresearch.session import Loop
-from autoresearch.queue import ExperimentQueue
+from autoresearch.records.ledger import read_results
+from autoresearch.session.loop import Loop
+from autoresearch.records.queue import ExperimentQueue
 
 from .helpers import History, agent_cmd, ar_proc, audit, fork_ar, hook_firings, make_repo, write_cfg
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import autoresearch.ledger as ledger_mod
+import autoresearch.records.ledger as ledger_mod
 from autoresearch.config import load_config
 from autoresearch.errors import ArError
-from autoresearch.ledger import read_results
-from autoresearch.session import Loop
-from autoresearch.queue import ExperimentQueue
+from autoresearch.records.ledger import read_results
+from autoresearch.session.loop import Loop
+from autoresearch.records.queue import ExperimentQueue
 
 from .helpers import History, agent_cmd, audit, fork_ar, make_repo, write_cfg
 

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 
 from autoresearch.config import RunConfig
-from autoresearch.session import Loop
+from autoresearch.session.loop import Loop
 
 from .helpers import EVAL_TOKENS, History, audit, hook_firings, make_repo
 import pytest

@@ -16,8 +16,8 @@ import pytest
 
 from autoresearch.config import RunConfig
 from autoresearch.harness import sandbox
-from autoresearch.ledger import Status, read_results
-from autoresearch.session import Loop
+from autoresearch.records.ledger import Status, read_results
+from autoresearch.session.loop import Loop
 from autoresearch.proposers.agent import AgentProposer
 
 from .helpers import own_copies

@@ -18,8 +18,8 @@ import pytest
 
 from autoresearch.config import RunConfig
 from autoresearch.harness import sandbox
-from autoresearch.ledger import Status, read_results
-from autoresearch.session import Event, Loop
+from autoresearch.records.ledger import Status, read_results
+from autoresearch.session.loop import Event, Loop
 from autoresearch.proposers.agent import AgentProposer
 
 from .helpers import EVAL_TOKENS, Cycle, History, agent_cmd, audit, make_repo, own_copies

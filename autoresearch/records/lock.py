@@ -19,7 +19,8 @@ from pathlib import Path
 import filelock
 import psutil
 
-from .errors import ArError, LockHeld
+from autoresearch.errors import ArError, LockHeld
+from autoresearch.records.durable import write_atomic
 
 # A competitor that probes the lock (read_holder) holds it for microseconds; waiting this long before
 # giving up keeps such a probe from turning into a false "already running".
@@ -168,13 +169,10 @@ class RepoLock:
             "tag": self.tag, "command": self.command, "pid_started": _proc_started(os.getpid()),
             "token": self._token, **self.extra,
         }
-        path = metadata_path(self.lock_path)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(meta, default=str))
-            os.replace(tmp, path)
+            write_atomic(metadata_path(self.lock_path), json.dumps(meta, default=str))
         except OSError:  # the lock is what counts; a holder without metadata is still a holder
-            tmp.unlink(missing_ok=True)
+            pass
 
     def release(self) -> None:
         if self._lock is None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from . import cost
-from .ledger import Row, Status
+from autoresearch.proposers import cost
+from autoresearch.records.ledger import Row, Status
 
 FAILURES = (Status.CRASH, Status.TIMEOUT, Status.REJECTED)    # in a row, these stop the loop
 

@@ -21,21 +21,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gitops import RUNS_DIR as RUNS                    # the folder git is told to ignore
+from autoresearch.gitops import RUNS_DIR as RUNS                    # the folder git is told to ignore
 RESULTS, QUEUE, HOOKS, META, NOISE, EVENTS, DATA = (
     "results.tsv", "queue.jsonl", "hooks.jsonl", "meta.json", "noise.json", "events.jsonl", "data.json")
 LOCK = ".ar.lock"
 BOOKKEEPING = (RESULTS, QUEUE, HOOKS, NOISE, META, DATA)    # what a run may never change
 JOURNAL, JOURNAL_JSON, GRID = "journal.md", "journal.json", "grid.png"
 DERIVED = (JOURNAL, JOURNAL_JSON, GRID)                # views rewritten from the records at any time
-LIVE = (EVENTS, EVENTS + ".tmp")                       # appended by ar itself while proposals and runs go on
+LIVE = (EVENTS,)                                       # appended by ar itself while proposals and runs go on
 
 
 def is_derived(name: str) -> bool:
     """A derived view or the event stream, or the temporary file it is being written through (`.NAME.<pid>.<thread>.tmp`): both may
     change under a running proposal without the proposal having touched them."""
     return name in DERIVED + LIVE or (name.startswith(".") and name.endswith(".tmp")
-                               and any(name.startswith(f".{d}.") for d in DERIVED))
+                               and any(name.startswith(f".{d}.") for d in DERIVED + LIVE))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .knobs import safe_eval
+from autoresearch.knobs import safe_eval
 
 FINISHED_STATUSES = frozenset({"keep", "discard", "degraded"})  # ran to the end: has a val_bpb
 
@@ -93,7 +93,7 @@ def verdicts(stats: Sequence[SeedStats]) -> list[tuple[SeedStats, str]]:
     comparison) or 'tie'. σ of one run is pooled over every point's seeds (decide.pooled_sigma), so the standard
     error shrinks with each point's runs; with no point run twice, the sample spreads are all 0 and any
     difference is 'worse' (one run each cannot call a tie)."""
-    from .decide import pooled_sigma
+    from autoresearch.decide import pooled_sigma
     ranked = sorted(stats, key=lambda s: s.mean)
     if not ranked:
         return []

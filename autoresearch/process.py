@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 
 import psutil
 
-from .errors import ArError
+from autoresearch.errors import ArError
 
 RUN_ID_VAR = "AR_RUN_ID"
 STOP_TIMEOUT = "timeout"

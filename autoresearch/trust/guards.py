@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults
-from .errors import GitError
-from .knobs import parse_source
-from .layout import BOOKKEEPING, is_derived
-from .gitops import GitRepo, git_state, restore_git_state
+from autoresearch import faults
+from autoresearch.errors import GitError
+from autoresearch.knobs import parse_source
+from autoresearch.records.durable import write_atomic
+from autoresearch.records.layout import BOOKKEEPING, is_derived
+from autoresearch.gitops import GitRepo, git_state, restore_git_state
 
 RUNNER_ENV = ("AR_TIME_BUDGET", "AR_SEED", "AR_DATASET", "AR_CACHE", "AR_PROFILE", "AR_PEAK_TFLOPS", "AR_GPU_TABLE",
               "AR_GPUS_FILE", "AR_TOK_DIR", "AR_CHECKPOINT_DIR", "AR_UNTIMED_STEPS", "AR_DATA_FD")
@@ -256,7 +256,4 @@ def undo_run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path) -> None:
     for name, data in w.backups.items():
         f = tag_dir / name
         if not f.is_file() or f.read_bytes() != data:
-            with open(f, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            write_atomic(f, data, sync=True)

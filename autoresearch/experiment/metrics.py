@@ -14,8 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import gpus
-from .harness.logfmt import FAIL_PREFIX, STEP_RE, SUMMARY_KEYS, SUMMARY_LINE_RE, UNKNOWN
+from autoresearch.harness import gpus
+from autoresearch.harness.logfmt import FAIL_PREFIX, STEP_RE, SUMMARY_KEYS, SUMMARY_LINE_RE, UNKNOWN
 
 REQUIRED_KEYS = ("training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
                  "total_tokens_M", "num_steps", "num_params_M", "depth")

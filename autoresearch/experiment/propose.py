@@ -12,26 +12,28 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .. import compile_cache, faults, guards
-from ..errors import ConfigError, GitError
-from ..gitops import short
-from ..harness.data import hidden_sources
-from ..harness.env import default_cache
-from ..knobs import read_knobs, set_knobs
-from ..ledger import Row, Status
-from ..proposers import Context, Proposal, ProposalFailed
-from ..proposers.search import describe_change
-from ..repeats import built_config, find_repeat
-from ..executors.local import clean_worktree
-from . import clock, measure, settle
-from ..files import write_json
-from .context import Experiment, Outcome, SlotContext, safe_knobs
+from autoresearch import faults
+from autoresearch.experiment import compile_cache
+from autoresearch.trust import guards
+from autoresearch.errors import ConfigError, GitError
+from autoresearch.gitops import short
+from autoresearch.harness.data import hidden_sources
+from autoresearch.harness.env import default_cache
+from autoresearch.knobs import read_knobs, set_knobs
+from autoresearch.records.ledger import Row, Status
+from autoresearch.proposers import Context, Proposal, ProposalFailed
+from autoresearch.proposers.search import describe_change
+from autoresearch.trust.repeats import built_config, find_repeat
+from autoresearch.executors.local import clean_worktree
+from autoresearch.experiment import clock, measure, settle
+from autoresearch.records.durable import write_json
+from autoresearch.experiment.context import Experiment, Outcome, SlotContext, safe_knobs
 
 DIFF_CAP = 1 << 20
 BUILTIN_PROPOSERS = ("grid", "random", "strategy")
 
 
-def prepare_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
+def propose_and_run(lp, ctx: SlotContext, x: Experiment) -> Outcome:
     """Steps 2-6 in the slot: prepare (propose or apply knobs, guard, commit), then execute and classify."""
     spec = x.spec
     if ctx.separate:

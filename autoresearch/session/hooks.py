@@ -26,10 +26,11 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from . import faults
-from .errors import ConfigError
-from .ledger import append_line, is_json_object, now_iso
-from .runner import stop_processes
+from autoresearch import faults
+from autoresearch.errors import ConfigError
+from autoresearch.records.durable import append_line, is_json_object
+from autoresearch.records.ledger import now_iso
+from autoresearch.process import stop_processes
 
 _logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ One JSON object per line, `{"t": unix time, "type": ..., fields}`:
     experiment_settled  exp_id, status, value, reason, commit   (written after the ledger row, the commit point)
     session_stopped     why
 
-Writing: the rare events go through ledger.append_line (one write + fsync; a line cut by a kill is dropped
+Writing: the rare events go through durable.append_line (one write + fsync; a line cut by a kill is dropped
 before the next one). Step events are one unsynced write: the next step supersedes a lost one within
 seconds, and an fsync per step would cost the training machine more than the line is worth. Steps are
 throttled to one per experiment every STEP_EVERY_S, plus the last one before the experiment's next phase.
@@ -38,8 +38,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .gitops import short
-from .ledger import LedgerError, append_line, is_json_object, replace_durably
+from autoresearch.gitops import short
+from autoresearch.records.durable import LedgerError, append_line, is_json_object, write_atomic
 
 STEP_EVERY_S = 2.0
 MAX_BYTES = 1 << 20
@@ -155,7 +155,7 @@ class EventLog:
     def _compact_locked(self) -> None:
         kept = compact(read(self.path))
         text = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in kept)
-        replace_durably(self.path, text, self.path.with_name(self.path.name + ".tmp"))
+        write_atomic(self.path, text, sync=True)
         self._size = len(text.encode())
 
 

@@ -7,7 +7,7 @@ row is a single `write` + fsync of a complete line, so a kill leaves either the 
 line; the next append (or read) notices a partial last line, warns, and drops it rather than gluing it to the
 next row.
 
-`append_line` is the durable-append primitive shared by the ledger, the queue and the hooks journal.
+Appends go through `durable.append_line`, as the queue's, the hooks journal's and the event stream's do.
 """
 
 from __future__ import annotations
@@ -24,19 +24,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Callable
 
-from . import faults
-from .errors import ArError
-from .layout import TagLayout
+from autoresearch.errors import ArError
+from autoresearch.records.durable import LedgerError, Warn, append_line, write_atomic
+from autoresearch.records.layout import TagLayout
 
 log = logging.getLogger(__name__)
-
-Warn = Callable[[str], None]
-
-
-class LedgerError(ArError):
-    """A results, queue or journal file under runs/ that cannot be read or written."""
 
 
 class Status(str, Enum):
@@ -221,7 +214,7 @@ def legacy_sweep(row: Row) -> dict:
     m = _LEGACY_SWEEP_RE.match(row.description.strip())
     if not m:
         return {}
-    from .knobs import parse_value
+    from autoresearch.knobs import parse_value
 
     axes: dict = {}
     for token in m["label"].split():
@@ -298,109 +291,6 @@ def read_results(path: Path, *, warn: Warn | None = None) -> list[Row]:
     return _parse_text(text, path.name, warn)
 
 
-# ----------------------------------------------------------------------------------------- durable append
-
-def is_json_object(line: str) -> bool:
-    """Whether a journal line (queue.jsonl, hooks.jsonl) is whole: one JSON object."""
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
-
-
-def replace_durably(path: Path, text: str, tmp: Path) -> None:
-    """Replace a file's whole content at once and durably: written to `tmp`, fsync'd, renamed over `path`, the
-    folder fsync'd. A reader sees the old content or the new, never a mix; on an error `tmp` is removed."""
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _last_line_start(fd: int, size: int) -> int:
-    """Offset just after the last newline before `size` (0 if none)."""
-    pos = size
-    while pos > 0:
-        step = min(1 << 16, pos)
-        pos -= step
-        chunk = os.pread(fd, step, pos)
-        i = chunk.rfind(b"\n")
-        if i >= 0:
-            return pos + i + 1
-    return 0
-
-
-def append_line(path: Path, line: str, *, header: str | None = None,
-                is_whole: Callable[[str], bool] | None = None, warn: Warn | None = None) -> None:
-    """Append one complete line (ending in a newline) with a single write, then fsync.
-
-    If the file does not end with a newline, its last line was cut short by a kill mid-write: it is kept
-    (a newline added) when `is_whole(line)` says it is complete, otherwise cut off with a warning, so the
-    partial line is never glued to the new one. `header` is written first into an empty file. On a write
-    error (full or read-only disk) the file is put back to its previous length and LedgerError is raised.
-    """
-    assert line.endswith("\n") and "\n" not in line[:-1], "one complete line"
-    warn = warn or log.warning
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as e:
-        raise LedgerError(f"cannot open {path} for writing: {e.strerror}; check the disk and permissions") from e
-    created = False
-    size = 0
-    try:
-        size = os.fstat(fd).st_size
-        created = size == 0
-        prefix = b""
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            start = _last_line_start(fd, size)
-            partial = os.pread(fd, size - start, start).decode("utf-8", errors="replace")
-            if is_whole is not None and is_whole(partial):
-                prefix = b"\n"
-            else:
-                os.ftruncate(fd, start)
-                os.fsync(fd)
-                size = start
-                warn(f"{path.name}: dropped a partial last line (cut off by a kill mid-write): {partial[:80]!r}")
-        data = prefix + ((header or "") if size == 0 else "").encode() + line.encode("utf-8")
-        faults.point(f"append.{path.stem}", lambda: os.write(fd, data[:len(data) // 2]))
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    except OSError as e:
-        try:
-            os.ftruncate(fd, size)
-        except OSError:
-            pass
-        raise LedgerError(f"cannot write {path}: {e.strerror or e}; free disk space or fix permissions, "
-                          "then run again (nothing recorded was lost)") from e
-    finally:
-        os.close(fd)
-    if created:
-        _fsync_dir(path.parent)
-
-
 # ------------------------------------------------------------------------------------------------ ledger
 
 class Ledger:
@@ -466,7 +356,7 @@ class Ledger:
             have = dict(zip(old, _split(line, False)))
             out.append(_format_line_fields([have[c] if c in have else v for c, v in zip(COLUMNS, row.to_fields())]))
         try:
-            replace_durably(self.path, "".join(out), self.path.with_name(self.path.name + ".migrating"))
+            write_atomic(self.path, "".join(out), sync=True)
         except OSError as e:
             raise LedgerError(f"cannot rewrite {self.path} with today's columns: {e.strerror or e}; free disk "
                               "space or fix permissions, then run again (nothing recorded was lost)") from e

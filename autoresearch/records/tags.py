@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import ArError, ConfigError, DataError
-from .gitops import GitRepo, branch_name, check_tag, default_tag
-from .layout import DATA, RESULTS, RunsLayout
-from .ledger import now_iso, read_results
+from autoresearch.errors import ArError, ConfigError, DataError
+from autoresearch.gitops import GitRepo, branch_name, check_tag, default_tag
+from autoresearch.records.layout import DATA, RESULTS, RunsLayout
+from autoresearch.records.durable import write_atomic
+from autoresearch.records.ledger import now_iso, read_results
 
 Settings = Callable[[], dict]    # computed only when a tag's meta.json is there to compare with
 
@@ -59,7 +60,7 @@ def settings(*, time_budget: float, dataset: str, profile: str, eval_tokens: int
 
 def of_config(cfg, command: str = "ar run") -> dict:
     """The comparable settings of a run of `cfg` (a RunConfig): its budget, dataset, profile, eval tokens."""
-    from .harness.env import resolve_profile
+    from autoresearch.harness.env import resolve_profile
     profile = resolve_profile(None if cfg.profile == "auto" else cfg.profile)
     return settings(time_budget=float(cfg.time_budget or profile.time_budget), dataset=cfg.dataset,
                     profile=profile.name, eval_tokens=cfg.eval_tokens or profile.eval_tokens,
@@ -117,7 +118,7 @@ def branch_tag(root: Path) -> str | None:
 
 def _running(root: Path) -> str | None:
     """The tag of the `ar run` or `ar sweep` that holds the repo's lock (not an `ar try`: it checks out nothing)."""
-    from .lock import read_holder
+    from autoresearch.records.lock import read_holder
     lock = RunsLayout(root).lock
     holder = read_holder(lock) if lock.exists() else None
     command = str((holder or {}).get("command") or "")
@@ -232,7 +233,7 @@ def first_line(root: Path, tag: str, why_new: str = "") -> str:
 def data_identity(tok_dir: Path) -> dict:
     """What a score depends on in the prepared data: the dataset, its validation split (documents, tokens,
     sha256 of the tokens) and the tokenizer."""
-    from .harness.data import load_meta
+    from autoresearch.harness.data import load_meta
     meta = load_meta(tok_dir)
     val = meta.get("val") or {}
     return {"dataset": meta.get("dataset"), "source": meta.get("source"), "vocab_size": meta.get("vocab_size"),
@@ -269,6 +270,4 @@ def check_data(tag_dir: Path, tok_dir: Path | None, has_results: bool, key: Path
         return
     if pin and (was is None or not has_results):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{DATA}.tmp")
-        tmp.write_text(json.dumps({**now, "pinned_at": now_iso()}, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps({**now, "pinned_at": now_iso()}, indent=1))

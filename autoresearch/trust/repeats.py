@@ -24,11 +24,11 @@ import threading
 import tokenize
 from pathlib import Path
 
-from .errors import ArError
-from .gitops import GitRepo
-from .knobs import scan
-from .layout import TagLayout
-from .ledger import Row, Status
+from autoresearch.errors import ArError
+from autoresearch.gitops import GitRepo
+from autoresearch.knobs import scan
+from autoresearch.records.layout import TagLayout
+from autoresearch.records.ledger import Row, Status
 
 TRIED = frozenset({Status.KEEP, Status.DISCARD, Status.CRASH, Status.TIMEOUT, Status.DEGRADED, Status.PRUNED,
                    Status.STALE})

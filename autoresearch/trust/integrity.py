@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .harness.data import TRAIN_FILES
-from .harness.evaluator import manifest
+from autoresearch.harness.data import TRAIN_FILES
+from autoresearch.harness.evaluator import manifest
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -2,7 +2,7 @@
 each experiment. The scheduler (scheduler.py) drives the experiments; each one's path is a step per file:
 
  1. start: take the next spec from the queue; mark it started                         (Loop.start, here)
- 2-4. propose, check, commit in the slot's tree                                        (experiment/prepare.py)
+ 2-4. propose, check, commit in the slot's tree                                        (experiment/propose.py)
  5. the executor trains in a fresh sandboxed workspace on ar's clock; the trusted evaluator scores the
     checkpoint                                                          (executors/, experiment/trial.py)
  6-9. classify, decide, reset, record, hooks                                           (experiment/settle.py)
@@ -36,33 +36,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import compile_cache, faults, guards, tags
-from .config import RunConfig
-from .errors import ConfigError, DataError, GitError
-from .events import EventLog, slot_fields
-from .gitops import GitRepo, branch_name, short
-from .experiment import clock
-from .harness import gputime, sandbox
-from .harness import data
-from .harness.data import check_prepared
-from .harness.env import default_cache, resolve_profile
-from .hooks import Hooks
-from .integrity import Fingerprint, no_bytecode
-from .knobs import read_knobs
-from .layout import RunsLayout
-from .ledger import Ledger, Row, Status, now_iso
-from .lock import RepoLock, refuse_if_held
-from .metrics import StepPoint
-from .objective import shown
-from .proposers import Proposer
-from .queue import ExperimentQueue, Spec
-from .request import RunRequest
-from .slots import Slot, turns_on_one_gpu
-from .executors.local import InlineExecutor
-from .experiment import evaluate, measure, settle
-from .experiment.context import Event, Experiment, SlotContext
-from .files import write_json
-from .scheduler import BaselineGate, Scheduler, file_error, make_executor, session_id
+from autoresearch import faults
+from autoresearch.experiment import compile_cache
+from autoresearch.trust import guards
+from autoresearch.records import tags
+from autoresearch.config import RunConfig
+from autoresearch.errors import ConfigError, DataError, GitError
+from autoresearch.records.events import EventLog, slot_fields
+from autoresearch.gitops import GitRepo, branch_name, short
+from autoresearch.experiment import clock
+from autoresearch.harness import gputime, sandbox
+from autoresearch.harness import data
+from autoresearch.harness.data import check_prepared
+from autoresearch.harness.env import default_cache, resolve_profile
+from autoresearch.session.hooks import Hooks
+from autoresearch.trust.integrity import Fingerprint, no_bytecode
+from autoresearch.knobs import read_knobs
+from autoresearch.records.layout import RunsLayout
+from autoresearch.records.ledger import Ledger, Row, Status, now_iso
+from autoresearch.records.lock import RepoLock, refuse_if_held
+from autoresearch.experiment.metrics import StepPoint
+from autoresearch.objective import shown
+from autoresearch.proposers import Proposer
+from autoresearch.records.queue import ExperimentQueue, Spec
+from autoresearch.experiment.request import RunRequest
+from autoresearch.slots import Slot, turns_on_one_gpu
+from autoresearch.executors.local import InlineExecutor
+from autoresearch.experiment import evaluate, measure, settle
+from autoresearch.experiment.context import Event, Experiment, SlotContext
+from autoresearch.records.durable import write_json
+from autoresearch.session.scheduler import BaselineGate, Scheduler, file_error, make_executor, session_id
 
 Monitor = Callable[[StepPoint], "str | None"]
 MAX_STARTS = 3      # a spec started this often without a result is recorded, not run again (the baseline is)
@@ -130,6 +133,19 @@ class Loop:
         self.gate = BaselineGate()                     # runs prepared beside the baseline wait for its decision
         self.hook_lock = threading.Lock()
         self.trusted_commits: set[str] = set()         # code the user wrote, or ar's knob edits of it
+        # set by open(), which every use of a Loop goes through (`with Loop(...)`): the records, the commits the
+        # session compares against, and what it trusts (the data, the sandbox, the clock's allowance)
+        self.ledger: Ledger
+        self.queue: ExperimentQueue
+        self.hooks: Hooks
+        self.base_sha: str                             # the user's commit the session started from
+        self.best_sha: str                             # the best kept commit: what every candidate is decided against
+        self.noise: float                              # the keep threshold, until a calibration replaces it
+        self.tok_dir: Path | None                      # the prepared data (None: a command objective's own)
+        self.fingerprint: Fingerprint                  # the package and data as the session found them
+        self.sandboxed: bool
+        self.val_readable: bool                        # proposal code could read the validation text: results say so
+        self.allowance: clock.Credit                   # the baseline's start-up and finish so far (clock.json)
 
     # ----------------------------------------------------------------------------------- open / close
     def say(self, message: str, kind: str = "info") -> None:
@@ -557,7 +573,7 @@ def check_repo(repo: str | Path) -> Path:
 def build(cfg: RunConfig, repo: str | Path, *, tag: str | None = None, on_event: Callable[[Event], None] | None = None,
           calibrate_noise: int = 0, command: str = "ar run", require_noise: bool = False) -> Loop:
     """The loop `ar run` runs: proposer, profile and data chosen from the config, each default said in one line."""
-    from .proposers import make_proposer
+    from autoresearch.proposers import make_proposer
     say = (lambda m: on_event(Event("info", m))) if on_event else (lambda m: None)
     custom = cfg.objective.custom
     if not custom and not (Path(repo) / "train.py").exists() and cfg.train_command[-1:] == ["train.py"]:

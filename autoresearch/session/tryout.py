@@ -20,21 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import budgets as budgets_mod
-from . import config as config_mod
-from . import tags
-from .config import RunConfig
-from .errors import ConfigError
-from .events import EventLog
-from .experiment import evaluate, execute, settle
-from .experiment.context import Event, Experiment
-from .files import write_json
-from .gitops import GitRepo, short
-from .harness import checkpoint
-from .layout import RunsLayout
-from .ledger import Ledger, Row, Status, now_iso
-from .queue import Spec
-from .session import Loop, check_repo
+from autoresearch import budgets as budgets_mod
+from autoresearch import config as config_mod
+from autoresearch.records import tags
+from autoresearch.config import RunConfig
+from autoresearch.errors import ConfigError
+from autoresearch.records.events import EventLog
+from autoresearch.experiment import evaluate, execute, settle
+from autoresearch.experiment.context import Event, Experiment
+from autoresearch.records.durable import write_json
+from autoresearch.gitops import GitRepo, short
+from autoresearch.harness import checkpoint
+from autoresearch.records.layout import RunsLayout
+from autoresearch.records.ledger import Ledger, Row, Status, now_iso
+from autoresearch.records.queue import Spec
+from autoresearch.session.loop import Loop, check_repo
 
 TRIALS = "trials.tsv"
 _SETTINGS = ("time_budget", "dataset", "profile", "eval_tokens")   # what makes a score compare with the tag's

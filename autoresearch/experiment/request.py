@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .harness.env import KEPT_ENV, Profile
-from .objective import DEFAULT as VAL_BPB, Objective
+from autoresearch.harness.env import KEPT_ENV, Profile
+from autoresearch.objective import DEFAULT as VAL_BPB, Objective
 
 PASSED_THROUGH = KEPT_ENV + ("AR_PEAK_TFLOPS", "AR_GPU_MEMORY_GB", "CUDA_HOME", "LD_LIBRARY_PATH")
 

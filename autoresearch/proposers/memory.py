@@ -22,16 +22,20 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import ArError, ConfigError
-from .gitops import GitRepo
-from .knobs import KNOB_NAME, safe_eval
-from .layout import RESULTS, RunsLayout, TagLayout
-from .ledger import Row, Status, read_results
-from .files import write_atomic
-from .repeats import REFUSED, TRIED, recorded_change
-from . import objective
-from .objective import DEFAULT, Objective
+from autoresearch.errors import ArError, ConfigError
+from autoresearch.gitops import GitRepo
+from autoresearch.knobs import KNOB_NAME, safe_eval
+from autoresearch.records.layout import RESULTS, RunsLayout, TagLayout
+from autoresearch.records.ledger import Row, Status, read_results
+from autoresearch.records.durable import write_atomic
+from autoresearch.trust.repeats import REFUSED, TRIED, recorded_change
+from autoresearch import objective
+from autoresearch.objective import DEFAULT, Objective
+
+if TYPE_CHECKING:
+    from autoresearch.records.tags import Choice
 
 IDEA_MAX = 160
 DIGEST_MAX = 2500          # bytes of the digest in the agent's prompt
@@ -304,7 +308,7 @@ def build(rows: list[Row], *, tag: str, source: str, noise: float, noise_source:
 def load(tag_dir: Path | None = None, *, results: Path | None = None, repo: Path | None = None,
          noise: float | None = None) -> Journal:
     """The journal of runs/<tag>/ (or of any results.tsv, upstream's too). Missing results: an ArError."""
-    from .config import RunConfig
+    from autoresearch.config import RunConfig
     path = Path(results) if results is not None else TagLayout(Path(tag_dir)).results
     started = tag_dir is not None and TagLayout(Path(tag_dir)).meta.is_file()   # a tag before its first row
     if not path.is_file() and not started:
@@ -331,10 +335,10 @@ def load(tag_dir: Path | None = None, *, results: Path | None = None, repo: Path
 
 
 def for_repo(repo: Path, tag: str | None = None, results: Path | None = None,
-             noise: float | None = None) -> tuple[Journal, Path | None, "tags.Choice | None"]:
+             noise: float | None = None) -> tuple[Journal, Path | None, "Choice | None"]:
     """(the journal, the tag folder to write it to, or None for a results file outside runs/, and how the tag was
     chosen: tags.py's rule; None for --results)."""
-    from . import tags
+    from autoresearch.records import tags
     if results is not None:
         if tag is not None:
             raise ConfigError("--tag and --results exclude each other; pass one")

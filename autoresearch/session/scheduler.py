@@ -1,7 +1,7 @@
 """The scheduler: N slots in flight (one GPU is N = 1), dispatch in queue order, settle in dispatch order.
 
 Every experiment, whatever runs it, takes the same path (docs/architecture.md):
-  in its slot, in parallel:   prepare (propose or apply knobs, guard, commit) → execute → evaluate
+  in its slot, in parallel:   propose (or apply knobs), guard, commit → execute → evaluate
   here, one at a time:        settle (decide against the best *now*, reset, record, hooks)
 A result that finishes early waits for the ones dispatched before it, so results.tsv is one file in
 decision order. A baseline trains alone: what is dispatched beside it prepares (an agent proposes, a knob edit
@@ -25,23 +25,24 @@ from dataclasses import dataclass
 
 import psutil
 
-from .config import RunConfig
-from .errors import ArError, ConfigError
-from .slots import Slot, parse_gpus
-from .ledger import Row, Status, now_iso
-from .runner import STOP_INTERRUPTED
-from .experiment import again, prepare, settle
-from .experiment.context import Experiment, Outcome
-from .limits import Limits, Stop
+from autoresearch.config import RunConfig
+from autoresearch.errors import ArError, ConfigError
+from autoresearch.slots import Slot, parse_gpus
+from autoresearch.records.ledger import Row, Status, now_iso
+from autoresearch.process import STOP_INTERRUPTED
+from autoresearch.experiment import again, settle
+from autoresearch.experiment import propose
+from autoresearch.experiment.context import Experiment, Outcome
+from autoresearch.session.limits import Limits, Stop
 
 
 
 def make_executor(cfg: RunConfig):
     """The executor for cfg.gpus / cfg.executor: the repo itself when neither names slots."""
     if cfg.executor == "ray":
-        from .executors.ray import RayExecutor
+        from autoresearch.executors.ray import RayExecutor
         return RayExecutor(cfg)
-    from .executors.local import InlineExecutor, LocalExecutor
+    from autoresearch.executors.local import InlineExecutor, LocalExecutor
     if not cfg.gpus:
         return InlineExecutor()
     slots = parse_gpus(cfg.gpus)
@@ -162,7 +163,7 @@ class Scheduler:
             ctx = lp.slot_context(slot)
             lp.events.started(ctx, x)
             flight = Flight(x, slot, None)
-            flight.future = pool.submit(_timed, flight, prepare.prepare_and_run, lp, ctx, x)
+            flight.future = pool.submit(_timed, flight, propose.propose_and_run, lp, ctx, x)
             self.flights.append(flight)
         return ""
 

@@ -1,6 +1,6 @@
 """A durable, ordered queue of experiment specs: runs/<tag>/queue.jsonl, an append-only event log.
 
-Events, one JSON object per line, each a single write + fsync (ledger.append_line):
+Events, one JSON object per line, each a single write + fsync (durable.append_line):
     {"op": "add",   "id": 3, "kind": "knobs", "payload": {...}, "at": "..."}
     {"op": "start", "id": 3, "at": "..."}
     {"op": "done",  "id": 3, "status": "keep", "at": "..."}
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .ledger import LedgerError, append_line, is_json_object, now_iso
+from autoresearch.records.durable import LedgerError, append_line, is_json_object
+from autoresearch.records.ledger import now_iso
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""The checks that keep a proposal honest: allowed paths and contents, the package and data fingerprints,
+repeats."""
