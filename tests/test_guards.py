@@ -136,6 +136,7 @@ def test_a_derived_views_temporary_file_is_not_the_proposals_change(tmp_path):
     (tag / ".journal.md.123.456.tmp").write_text("#")
     (tag / "journal.md").write_text("#")
     (tag / "events.jsonl").write_text("{}\n")
+    (tag / ".events.jsonl.123.456.tmp").write_text("{}\n")       # the event stream compacted, mid-rename
     assert guards._runs_files(tag) == before
     (tag / ".results.tsv.1.2.tmp").write_text("forged")
     assert ".results.tsv.1.2.tmp" in guards._runs_files(tag)

@@ -1,6 +1,7 @@
 """Every file under runs/ is written one of two ways, both here: a line appended whole (results.tsv, queue.jsonl,
 hooks.jsonl, events.jsonl's rare events), or a file replaced whole (the json records, clock.json, the lock's
-holder, the journal's digests, events.jsonl compacted). A reader never sees half a line or half a file; a kill
+holder, the journal's digests, events.jsonl compacted); and a record a proposal or a run changed is put back in
+place (`put_back`). A reader never sees half a line or half a file; a kill
 mid-write leaves the old content or a partial last line that the next append drops."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def write_json(path: Path, doc: dict, *, sync: bool = False) -> None:
     write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n", sync=sync)
 
 
-def write_atomic(path: Path, text: str | bytes, *, sync: bool = False) -> None:
+def write_atomic(path: Path, text: str, *, sync: bool = False) -> None:
     """Replace a file's whole content at once: written to a temporary name of this process and thread (slots
     write from their own threads), renamed over `path`. `sync`: fsync'd first, and the folder after, so that a
     power cut keeps the old content or the new. On an error the temporary file is removed and the error raised."""
@@ -36,7 +37,7 @@ def write_atomic(path: Path, text: str | bytes, *, sync: bool = False) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(text.encode("utf-8") if isinstance(text, str) else text)
+            f.write(text.encode("utf-8"))
             if sync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -55,6 +56,17 @@ def is_json_object(line: str) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:
         return False
+
+
+def put_back(path: Path, data: bytes, *, sync: bool = False) -> None:
+    """Write a record's earlier bytes back into the same file (the same inode, unlike `write_atomic`), so that a
+    handle ar holds open on it keeps pointing at the file it reads: what the guards do after a proposal or a run
+    changed a record it must not. `sync`: fsync'd."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
 
 
 def _fsync_dir(path: Path) -> None:

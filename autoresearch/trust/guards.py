@@ -19,7 +19,7 @@ from pathlib import Path
 from autoresearch import faults
 from autoresearch.errors import GitError
 from autoresearch.knobs import parse_source
-from autoresearch.records.durable import write_atomic
+from autoresearch.records.durable import put_back
 from autoresearch.records.layout import BOOKKEEPING, is_derived
 from autoresearch.gitops import GitRepo, git_state, restore_git_state
 
@@ -97,9 +97,7 @@ def restore(repo: GitRepo, snap: Snapshot, tag_dir: Path) -> None:
     for name, data in snap.backups.items():
         f = tag_dir / name
         if not f.is_file() or f.read_bytes() != data:
-            with open(f, "wb") as fh:  # in place: keep any open append handles pointing at the same file
-                fh.write(data)
-                fh.flush()
+            put_back(f, data)            # in place: keep any open append handles pointing at the same file
 
 
 def _runner_name(node: ast.AST) -> str | None:
@@ -256,4 +254,4 @@ def undo_run_changes(repo: GitRepo, w: RunWatch, tag_dir: Path) -> None:
     for name, data in w.backups.items():
         f = tag_dir / name
         if not f.is_file() or f.read_bytes() != data:
-            write_atomic(f, data, sync=True)
+            put_back(f, data, sync=True)
