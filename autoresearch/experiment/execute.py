@@ -35,14 +35,13 @@ from typing import Callable
 
 import psutil
 
-from autoresearch.experiment import compile_cache
 from autoresearch.gitops import GitRepo
 from autoresearch.harness import gputime, launcher, sandbox
 from autoresearch.harness.feed import Feed
 from autoresearch.harness.data import hidden_sources, train_view
 from autoresearch.experiment.request import RunRequest
 from autoresearch.process import STOP_INTERRUPTED, RunResult, run_training
-from autoresearch.experiment import clock
+from autoresearch.experiment import clock, compile_cache
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import contextlib
 import os
 
 from autoresearch import faults
-from autoresearch.experiment import compile_cache
 from autoresearch.trust import guards
 from autoresearch.errors import ConfigError, GitError
 from autoresearch.gitops import short
@@ -25,7 +24,7 @@ from autoresearch.proposers import Context, Proposal, ProposalFailed
 from autoresearch.proposers.search import describe_change
 from autoresearch.trust.repeats import built_config, find_repeat
 from autoresearch.executors.local import clean_worktree
-from autoresearch.experiment import clock, measure, settle
+from autoresearch.experiment import clock, compile_cache, measure, settle
 from autoresearch.records.durable import write_json
 from autoresearch.experiment.context import Experiment, Outcome, SlotContext, safe_knobs
 

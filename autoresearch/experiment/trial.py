@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autoresearch.experiment import compile_cache
 from autoresearch.gitops import GitRepo
 from autoresearch.harness import checkpoint
 from autoresearch.trust.integrity import Fingerprint
 from autoresearch.experiment.request import RunRequest
-from autoresearch.experiment import command, evaluate, execute
+from autoresearch.experiment import command, compile_cache, evaluate, execute
 from autoresearch.records.durable import write_json
 
 

@@ -1,8 +1,8 @@
 """Every file under runs/ is written one of two ways, both here: a line appended whole (results.tsv, queue.jsonl,
 hooks.jsonl, events.jsonl's rare events), or a file replaced whole (the json records, clock.json, the lock's
 holder, the journal's digests, events.jsonl compacted); and a record a proposal or a run changed is put back in
-place (`put_back`). A reader never sees half a line or half a file; a kill
-mid-write leaves the old content or a partial last line that the next append drops."""
+place (`put_back`). A reader never sees half a line or half a file; a kill mid-write leaves the old content or
+a partial last line that the next append drops."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ class LedgerError(ArError):
     """A results, queue or journal file under runs/ that cannot be read or written."""
 
 
-def write_json(path: Path, doc: dict, *, sync: bool = False) -> None:
-    write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n", sync=sync)
+def write_json(path: Path, doc: dict) -> None:
+    write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def write_atomic(path: Path, text: str, *, sync: bool = False) -> None:
@@ -47,7 +47,6 @@ def write_atomic(path: Path, text: str, *, sync: bool = False) -> None:
         raise
     if sync:
         _fsync_dir(path.parent)
-
 
 
 def is_json_object(line: str) -> bool:

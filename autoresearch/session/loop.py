@@ -37,14 +37,13 @@ from pathlib import Path
 from typing import Callable
 
 from autoresearch import faults
-from autoresearch.experiment import compile_cache
 from autoresearch.trust import guards
 from autoresearch.records import tags
 from autoresearch.config import RunConfig
 from autoresearch.errors import ConfigError, DataError, GitError
 from autoresearch.records.events import EventLog, slot_fields
 from autoresearch.gitops import GitRepo, branch_name, short
-from autoresearch.experiment import clock
+from autoresearch.experiment import clock, compile_cache
 from autoresearch.harness import gputime, sandbox
 from autoresearch.harness import data
 from autoresearch.harness.data import check_prepared
@@ -542,7 +541,6 @@ class Loop:
 
     def exp_dir_of(self, row: Row) -> Path:
         return self.paths.exp_dir(row.exp_id, row.commit)
-
 
 
 def _sigterm_as_interrupt():

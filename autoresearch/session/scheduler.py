@@ -30,8 +30,7 @@ from autoresearch.errors import ArError, ConfigError
 from autoresearch.slots import Slot, parse_gpus
 from autoresearch.records.ledger import Row, Status, now_iso
 from autoresearch.process import STOP_INTERRUPTED
-from autoresearch.experiment import again, settle
-from autoresearch.experiment import propose
+from autoresearch.experiment import again, propose, settle
 from autoresearch.experiment.context import Experiment, Outcome
 from autoresearch.session.limits import Limits, Stop
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autoresearch import objective
-from autoresearch.records import events
-from autoresearch.records import tags
+from autoresearch.records import events, tags
 from autoresearch.errors import ArError
 from autoresearch.gitops import GitRepo
 from autoresearch.records.layout import EVENTS, RESULTS, RunsLayout
