@@ -275,8 +275,8 @@ class _Pump(threading.Thread):
 def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeout: float,
                  on_line: Callable[[str], str | None] | None = None, max_log_bytes: int = 50 * 2**20,
                  grace: float = 5.0, run_id: str | None = None, gate: Callable[[subprocess.Popen], bool] | None = None,
-                 pass_fds: tuple[int, ...] = (),
-                 on_start: Callable[[subprocess.Popen], None] | None = None, clock=time) -> RunResult:
+                 pass_fds: tuple[int, ...] = (), on_start: Callable[[subprocess.Popen], None] | None = None,
+                 called_off: Callable[[], str | None] | None = None, clock=time) -> RunResult:
     """Run `cmd` to completion or until stopped; see the module docstring. Never leaves processes behind.
 
     `on_line` runs in the reader thread for each output line (without its newline); returning a string
@@ -284,8 +284,9 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
     An OSError writing the log (disk full) also stops the run and is re-raised. `gate(proc)`, when given, is
     called once the process has started and returns when it may go on (False: stop it, as interrupted); the
     timeout and the wall time count from its return (harness/launcher.py). `on_start(proc)` is called once the
-    process has started (before `gate`). `clock` times the timeout and the wall time (the `time` module, or a
-    clock a test moves).
+    process has started (before `gate`). `called_off()`, polled while it runs, returns a reason to stop it (what
+    it was for no longer counts). `clock` times the timeout and the wall time (the `time` module, or a clock a
+    test moves).
     """
     run_id = run_id or uuid.uuid4().hex
     env = {str(k): str(v) for k, v in env.items()}
@@ -338,6 +339,10 @@ def run_training(cmd: list[str], *, cwd: Path, env: dict, log_path: Path, timeou
             if pump.error is not None:
                 stop = f"stopped: {pump.error}"
                 break
+            if called_off is not None:
+                stop = called_off()
+                if stop:
+                    break
             now = clock.monotonic()
             if now >= deadline:
                 stop, timed_out = STOP_TIMEOUT, True

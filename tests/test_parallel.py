@@ -296,6 +296,54 @@ def test_two_slots_on_each_of_two_gpus_take_turns_per_gpu(tmp_path):
     assert any(a[0] < b[1] and b[0] < a[1] for a in per_gpu["0"] for b in per_gpu["1"]), per_gpu  # side by side
 
 
+def _timing(root: Path, row, tag: str = "t") -> dict:
+    return json.loads((root / "runs" / tag / f"{row.exp_id:04d}-{row.commit}" / "timing.json").read_text())
+
+
+@pytest.mark.e2e
+def test_beside_the_baseline_the_next_run_starts_once_it_has_trained_on_the_credit_it_left(tmp_path):
+    """`--gpus 0,0`: the run prepared beside the baseline starts its launcher while the baseline trains and takes
+    the GPU as soon as the baseline has trained cleanly, while the baseline is being scored, not after its
+    decision. Its clock is still the baseline's: a start-up that burns 6 CPU-s before its first batch (the
+    stand-in's own takes about 1) has the excess taken off its window, as it would after the decision."""
+    root = make_repo(tmp_path)
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=4.0, startup_allowance=60.0), root, "t",
+                      executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
+    with lp:
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "FAIL_MODE": "burn_start", "BURN_CPU_S": 6.0})
+        lp.run()
+    rows = assert_consistent(root)
+    assert [r.status.value for r in rows] == ["keep", "discard"], [r.reason for r in rows]
+    base, cand = _timing(root, rows[0]), _timing(root, rows[1])
+    assert cand["spawned"] < base["process_exit"], (cand, base)          # its launcher, while the baseline trained
+    assert base["process_exit"] <= cand["process_start"] < base["eval_done"], (cand, base)   # its clock: meanwhile
+    metrics = json.loads((root / "runs" / "t" / f"0002-{rows[1].commit}" / "metrics.json").read_text())
+    assert metrics["startup_cpu"] > 5.0 and "cut by" in (metrics["window_note"] or ""), metrics
+    assert metrics["window_seconds"] < 4.0 - 1.5, metrics                # the excess off its window
+    assert "cut by" in rows[1].reason, rows[1].reason
+
+
+@pytest.mark.e2e
+def test_a_run_started_beside_a_baseline_that_is_then_not_kept_is_called_off_and_queued_again(tmp_path):
+    """The baseline trains cleanly, so the run beside it starts, but its model then fails at evaluation (after
+    8 s): that run is stopped at once (its log says why), recorded `interrupted`, and queued to run again at the
+    next session, with nothing measured against a baseline that was not kept."""
+    root = make_repo(tmp_path, FAIL_MODE="eval_error", EVAL_DELAY=8.0)
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=4.0), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
+    with lp:
+        lp.enqueue_knobs({"LR_MULT": 0.8, "TOTAL_BATCH_SIZE": 2**18}, time_budget=30.0)    # still training at 8 s
+        s = lp.run()
+        pending = [(sp.kind, sp.payload.get("again_of")) for sp in lp.queue.pending()]
+    rows = read_results(root / "runs" / "t" / "results.tsv")
+    assert [r.status.value for r in rows] == ["rejected", "interrupted"], [r.reason for r in rows]
+    assert "the model failed" in rows[0].reason and s.failed and "baseline" in s.stop_reason
+    assert rows[1].reason.startswith("not run to its end: the baseline it waited for was not kept"), rows[1].reason
+    log = (root / "runs" / "t" / f"0002-{rows[1].commit}" / "train.log").read_text()
+    assert "run stopped (called off: the baseline it ran beside was not kept)" in log, log[-600:]
+    assert "| loss " in log.split("[ar] run stopped")[0], log[-600:]          # it had trained before that
+    assert pending == [("knobs", 2)]
+
+
 @pytest.mark.integration
 def test_the_launcher_runs_nothing_of_the_tree_before_go(tmp_path):
     """harness/launcher.py starts in the run's tree but imports nothing from it (-I): a tree that plants its

@@ -253,3 +253,29 @@ def test_a_flight_knows_when_it_ended_before_a_waiter_wakes():
         ended = flight.finished_at
         hold.set()
     assert ended >= before
+
+
+@pytest.mark.parametrize("steps, may_start, called_off", [
+    ((), True, False),                                   # no baseline in flight
+    (("close",), None, False),                           # shut: a run waits
+    (("close", "trained"), True, False),                 # trained cleanly: runs start while it is scored
+    (("close", "trained", "kept"), True, False),
+    (("close", "trained", "not kept"), False, True),     # a run that started is called off
+    (("close", "not kept"), False, True),                # it never trained cleanly: nothing starts
+    (("close", "kept"), True, False),                    # decided without the early word (a Ray slot's baseline)
+    (("close", "not kept", "close"), None, False),       # the next baseline: shut again, nothing called off
+])
+def test_the_baseline_gate(steps, may_start, called_off):
+    from autoresearch.session.scheduler import BaselineGate
+    stopping = threading.Event()
+    gate = BaselineGate(stopping)
+    for step in steps:
+        {"close": gate.close, "trained": gate.trained, "kept": lambda: gate.open(True),
+         "not kept": lambda: gate.open(False)}[step]()
+    assert gate.called_off() is called_off
+    if may_start is None:
+        assert not gate.is_open()
+        stopping.set()                                   # a stop frees a run that waits, and it never starts
+        assert gate.wait() is False
+    else:
+        assert gate.is_open() and gate.wait() is may_start

@@ -67,6 +67,9 @@ class InlineExecutor:
     def worktree(self, loop, slot: Slot) -> GitRepo:
         return loop.git
 
+    def holds(self, loop, ctx) -> bool:
+        return False                  # one slot: nothing runs beside the baseline
+
     def train(self, loop, ctx, x, budget: float, seed: int):
         return train_here(loop, ctx, x, budget, seed)
 
@@ -113,8 +116,14 @@ class LocalExecutor:
         loop.git._git("worktree", "add", "--quiet", "--detach", str(path), loop.best_sha)
         return GitRepo(path)
 
+    def holds(self, loop, ctx) -> bool:
+        """Whether a run of this slot waits for the baseline inside its training run, after its launcher's trusted
+        start-up (which then overlaps the baseline's window): a slot taking turns on a GPU, training train.py."""
+        return ctx.slot.gpu in self._turns and not loop.cfg.objective.custom
+
     def train(self, loop, ctx, x, budget: float, seed: int):
-        return train_here(loop, ctx, x, budget, seed, turn=self._turns.get(ctx.slot.gpu))
+        hold = loop.gate if x.spec.kind != "baseline" else None    # called off if the baseline is not kept
+        return train_here(loop, ctx, x, budget, seed, turn=self._turns.get(ctx.slot.gpu), hold=hold)
 
     def close(self) -> None:
         for lock in reversed(self._locks):
@@ -129,10 +138,12 @@ def clean_worktree(repo: GitRepo, sha: str) -> None:
     repo._git("clean", "-fdq")
 
 
-def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, turn: GpuTurn | None = None):
+def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, turn: GpuTurn | None = None,
+               hold=None):
     """Step 5 on this machine (the local executors' train): train in a fresh sandboxed workspace on ar's
     clock, then the slot's trusted evaluator scores the checkpoint. Returns (run result, the status that
-    stopped it early or None)."""
+    stopped it early or None). `hold`: the baseline the run waits for (scheduler.BaselineGate); a baseline
+    lets it go once it has trained cleanly, before its own evaluation."""
     req = lp.request(ctx, x, budget, seed)
     watch = (DegradedWatch(min_mfu=lp.cfg.min_mfu, min_tokens_per_s=lp.cfg.min_tokens_per_s,
                            warmup_steps=lp.cfg.degraded_warmup_steps, patience=lp.cfg.degraded_patience)
@@ -140,9 +151,15 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, tu
     monitor = lp.monitor_factory(x.spec) if lp.monitor_factory and x.spec.kind != "rerun" else None
     stopped_by: list[Status] = []
     x.tail = deque(maxlen=TAIL_LINES)
-    lp.events.phase(x, "training", commit=short(x.sha), description=x.description, budget=budget)
+    shown = {"commit": short(x.sha), "description": x.description, "budget": budget}
+    waiting = hold is not None and not hold.is_open()
+    lp.events.phase(x, "waiting" if waiting else "training", **shown)
 
     def on_line(line: str) -> str | None:
+        nonlocal waiting
+        if waiting:                               # the first line of train.py: the baseline let it go
+            waiting = False
+            lp.events.phase(x, "training", **shown)
         x.tail.append(line)
         p = parse_step(line) if line.startswith("step ") else None
         if p is None:
@@ -170,8 +187,9 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, tu
 
     trial = run_trial(req, ctx.git, work_root=lp.paths.workspace(x.spec.id),
                       exp_dir=x.exp_dir, manifest=lp.fingerprint.eval_files, fingerprint=lp.fingerprint,
-                      on_line=on_line, allowance=lp.allowance, after_run=after_run, server=ctx.server,
-                      turn=turn)
+                      on_line=on_line, allowance=lambda: lp.allowance, after_run=after_run, server=ctx.server,
+                      turn=turn, hold=hold, trained=(lambda out, cold: settle.baseline_trained(lp, x, out, cold))
+                      if x.spec.kind == "baseline" else None)
     settle.take(lp, x, trial)
     out = trial.outcome
     if x.verdict.holdout_bpb is not None:

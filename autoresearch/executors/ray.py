@@ -190,6 +190,9 @@ class RayExecutor:
                 git._git("update-ref", "-d", ref)
             return (Path(d) / "b").read_bytes()
 
+    def holds(self, loop, ctx) -> bool:
+        return False                  # a run waits for the baseline before it is sent to a worker
+
     def train(self, loop, ctx, x, budget: float, seed: int):
         """local.train_here on the cluster: the same trial on a worker; its files land in x.exp_dir."""
         ray = _ray()

@@ -195,19 +195,25 @@ def tree_pids(proc) -> set[int]:
 
 class TrainingRun:
     """One training run on ar's clock; its phases are methods: `gate` (the launcher's trusted start-up, then the
-    GPU turn: ar's clock starts), `opened` (the feed's first batch: the start-up's charge, clock.start_up_cost),
-    `sample` (the run's CPU through its window and finish), `line` (each line the run prints), then `outcome`
-    (clock.verdict on what ar saw). `run` strings them together around runner.run_training.
+    baseline and the GPU turn: ar's clock starts), `opened` (the feed's first batch: the start-up's charge,
+    clock.start_up_cost), `sample` (the run's CPU through its window and finish), `line` (each line the run
+    prints), then `outcome` (clock.verdict on what ar saw). `run` strings them together around
+    runner.run_training.
     `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the
     process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
-    is taken). `near_end` is called `req.eval_prestart` seconds before the window's end."""
+    is taken). `hold`: the baseline this run waits for (scheduler.BaselineGate), before its turn (or its start,
+    without one); the run is stopped if that baseline is then not kept. `allowance`: the baseline's start-up
+    (clock.Credit), or what gives it, read when the clock starts: a run that waited for the baseline gets the
+    credit the baseline left. `near_end` is called `req.eval_prestart` seconds before the window's end."""
 
     def __init__(self, req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
-                 on_line: Callable[[str], str | None] | None = None, allowance: clock.Credit | None = None,
-                 turn=None, near_end: Callable[[], None] | None = None):
+                 on_line: Callable[[str], str | None] | None = None,
+                 allowance: clock.Credit | Callable[[], clock.Credit] | None = None, turn=None, hold=None,
+                 near_end: Callable[[], None] | None = None):
         self.req, self.ws, self.data_files, self.log_path = req, ws, data_files, log_path
-        self.on_line, self.turn, self.near_end = on_line, turn, near_end
-        self.credit = allowance or clock.Credit()
+        self.on_line, self.turn, self.hold, self.near_end = on_line, turn, hold, near_end
+        self.allowance = allowance
+        self.credit = self.credit_now()
         self.steps: list[float] = []          # each step line's arrival, from ar's clock start (monotonic)
         self.built: float | None = None       # the model line's arrival (a phase mark for `timing.json` only)
         self.t0, self.t0_wall = time.monotonic(), time.time()   # ar's clock: here, or when the turn is taken
@@ -216,7 +222,8 @@ class TrainingRun:
         self.start_cost: tuple[float | None, float, str | None] = (None, 0.0, None)
         self.meter = gputime.open_meter()[0] if req.device == "cuda" else None   # None: GPU time unread
         self.startup_gpu: float | None = None
-        self.taken = False
+        self.taken = False                    # the turn is this run's (given back at its exit)
+        self.gone = False                     # past its gate: ar's clock runs
         self.timers: list[threading.Timer] = []
         self.ready = threading.Event()        # the launcher's trusted start-up is done
         self.samples: list[tuple[float, float]] = []     # (wall clock, the run's CPU seconds) from the window
@@ -271,17 +278,30 @@ class TrainingRun:
             timer.start()
         return cost
 
+    def gated(self) -> bool:
+        return self.turn is not None or self.hold is not None
+
+    def credit_now(self) -> clock.Credit:
+        a = self.allowance() if callable(self.allowance) else self.allowance
+        return a or clock.Credit()
+
     def gate(self, proc=None) -> bool:
-        """Wait for the launcher's trusted start-up, then for the GPU; then start the clock and let it run the
-        script. A launcher that dies first goes on at once (its exit is the run's result)."""
+        """Wait for the launcher's trusted start-up, then for the baseline and the GPU; then start the clock and
+        let it run the script. A launcher that dies first goes on at once (its exit is the run's result)."""
+        stopping = self.turn.stopping if self.turn is not None else self.hold.stopping
         while proc is not None and not self.ready.wait(0.2):
             if proc.poll() is not None:
                 break
-            if self.turn.stopping.is_set():
+            if stopping.is_set():
                 return False
-        if not self.turn.take():
+        if self.hold is not None and not self.hold.wait():
             return False
-        self.taken = True
+        if self.turn is not None:
+            if not self.turn.take():
+                return False
+            self.taken = True
+        self.gone = True
+        self.credit = self.credit_now()           # what the baseline left by now (it may have just trained)
         if proc is not None:
             self.cpu0 = tree_cpu(proc) or 0.0
         self.t0, self.t0_wall = time.monotonic(), time.time()
@@ -292,6 +312,12 @@ class TrainingRun:
             except OSError:
                 pass                 # the launcher is gone already: the run ends as it ended
         return True
+
+    def called_off(self) -> str | None:
+        """Why the run stops now: the baseline it ran beside was not kept."""
+        if self.hold is not None and self.hold.called_off():
+            return "called off: the baseline it ran beside was not kept"
+        return None
 
     def line(self, line: str) -> str | None:
         if not self.ready.is_set() and self.go_w is not None and line == launcher.READY:
@@ -305,7 +331,7 @@ class TrainingRun:
 
     def started(self, proc) -> None:
         self.proc = proc
-        if self.go_r is None and (self.turn is None or self.taken):      # no gate: ar's clock runs from here
+        if self.go_r is None and (not self.gated() or self.gone):      # no gate: ar's clock runs from here
             self.metering()
         if self.feed is not None:
             self.feed.close_child_end()
@@ -322,15 +348,16 @@ class TrainingRun:
         spawned = time.time()
         fds = tuple(fd for fd in (self.go_r, feed.child_fd if feed else None) if fd is not None)
         try:
-            if self.turn is not None and self.go_r is None and not self.gate():   # the turn before the start
-                self.log_path.write_text("[ar] stopped before this run started (it was waiting for its turn on "
-                                         "the GPU)\n")
+            if self.gated() and self.go_r is None and not self.gate():   # the baseline and the turn before the start
+                why = "the baseline it waited for was not kept" if self.called_off() else "it was waiting for " \
+                    "the baseline or its turn on the GPU"
+                self.log_path.write_text(f"[ar] stopped before this run started ({why})\n")
                 result = RunResult(None, False, STOP_INTERRUPTED, 0.0, self.log_path, False)
             else:
                 result = run_training(cmd, cwd=self.ws.src, env=env, log_path=self.log_path,
                                       timeout=req.hard_limit(), on_line=self.line, max_log_bytes=req.max_log_bytes,
                                       gate=self.gate if self.go_r is not None else None, pass_fds=fds,
-                                      on_start=self.started)
+                                      on_start=self.started, called_off=self.called_off if self.hold else None)
         finally:
             self.close()
         return self.outcome(result, spawned)
@@ -385,10 +412,11 @@ class TrainingRun:
 
 
 def run(req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
-        on_line: Callable[[str], str | None] | None = None, allowance: clock.Credit | None = None,
-        turn=None, near_end: Callable[[], None] | None = None) -> TrainOutcome:
+        on_line: Callable[[str], str | None] | None = None,
+        allowance: clock.Credit | Callable[[], clock.Credit] | None = None, turn=None, hold=None,
+        near_end: Callable[[], None] | None = None) -> TrainOutcome:
     """Train once (TrainingRun); `allowance` is the baseline's start-up so far (clock.py; empty until the
     baseline has run). The training tokens come from `Feed` (harness/feed.py), which opens the window at the
     first batch and ends it after the budget, less what clock.py charges."""
     return TrainingRun(req, ws, data_files, log_path=log_path, on_line=on_line, allowance=allowance, turn=turn,
-                       near_end=near_end).run()
+                       hold=hold, near_end=near_end).run()

@@ -133,14 +133,18 @@ def commit_message(x: Experiment, tag: str) -> str:
 
 
 def _run_committed(lp, ctx: SlotContext, x: Experiment) -> Outcome:
-    if x.spec.kind != "baseline":               # prepared beside the baseline: runs once it is kept
+    beside = x.spec.kind != "baseline"       # prepared beside the baseline: runs once it has trained cleanly
+    if beside and not lp.executor.holds(lp, ctx):    # (else its training run waits, its launcher started)
         if not lp.gate.is_open():
             lp.events.phase(x, "waiting", commit=short(x.sha) if x.sha else None, description=x.description)
-        if not lp.gate.wait(lp.stopping) and not lp.stopping.is_set():
+        if not lp.gate.wait() and not lp.stopping.is_set():
             return Outcome("held", "not run: the baseline it waited for was not kept")
     if lp.stopping.is_set():      # Ctrl-C came while this one was being prepared: do not start its run
         return Outcome("interrupted")
-    return Outcome("ran", run=_train_and_classify(lp, ctx, x))
+    ran = _train_and_classify(lp, ctx, x)
+    if beside and lp.gate.called_off():
+        return Outcome("held", "not run to its end: the baseline it waited for was not kept")
+    return Outcome("ran", run=ran)
 
 
 def _propose(lp, ctx: SlotContext, x: Experiment) -> Proposal | str | None:

@@ -28,6 +28,22 @@ from autoresearch.records.durable import write_json
 from autoresearch.experiment.context import Event, Experiment, SlotContext
 
 
+def note_credit(lp, x: Experiment, out, cold: bool) -> None:
+    """A clean run of the baseline commit: its start-up is what every later run gets free (clock.json; noting
+    the same run twice changes nothing)."""
+    if (x.spec.kind == "baseline" or x.spec.payload.get("calibrate")) and out.startup is not None and \
+            out.result.returncode == 0 and not out.over_budget:
+        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu, *out.finish, gpu=out.startup_gpu,
+                                           cold=cold)
+
+
+def baseline_trained(lp, x: Experiment, out, cold: bool) -> None:
+    """The baseline trained cleanly (trial.run_trial, before its evaluation): its credit is noted, then the runs
+    waiting beside it may start (scheduler.BaselineGate); they are called off if it is then not kept."""
+    note_credit(lp, x, out, cold)
+    lp.gate.trained()
+
+
 def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | None, budget: float):
     """(failure status or None when the run counts, reason, metrics). Only ar's clock and the trusted
     evaluator's record decide; what the run printed is shown, never believed."""
@@ -46,10 +62,7 @@ def classify(lp, ctx: SlotContext, x: Experiment, result, stopped_by: Status | N
                 "returncode": result.returncode, "stop_reason": result.stop_reason,
                 "log_truncated": result.log_truncated, "sandboxed": out.sandboxed})
     x.mfu = _mfu(lp, m)
-    if (x.spec.kind == "baseline" or x.spec.payload.get("calibrate")) and out.startup is not None and \
-            result.returncode == 0 and not out.over_budget:      # the baseline commit: what start-up is free
-        lp.allowance = clock.note_baseline(lp.tag_dir, out.startup, out.startup_cpu, *out.finish, gpu=out.startup_gpu,
-                                           cold=x.compiled_cold)
+    note_credit(lp, x, out, x.compiled_cold)
     if result.stop_reason == STOP_INTERRUPTED:
         return Status.INTERRUPTED, "interrupted", m
     if x.tampered:

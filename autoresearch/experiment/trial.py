@@ -35,19 +35,25 @@ class Trial:
 def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, manifest: dict,
               fingerprint: Fingerprint | None, on_line: Callable[[str], str | None] | None = None,
               allowance=None, after_run: Callable[[], str | None] | None = None,
-              server: evaluate.Server, turn=None) -> Trial:
+              server: evaluate.Server, turn=None, hold=None,
+              trained: Callable[[execute.TrainOutcome, bool], None] | None = None) -> Trial:
     """`turn`: the slot's turn on a GPU that slots share (executors.local.GpuTurn), held from the training
-    process's start to its exit; the evaluation runs after it is given back."""
+    process's start to its exit; the evaluation runs after it is given back. `hold`: the baseline the run waits
+    for (execute.TrainingRun). `trained(outcome, cold)` is told when the run trained cleanly, before its
+    evaluation, once what it compiled is in the store (a baseline then lets the runs beside it start)."""
     if req.objective.custom:
         return _command_trial(req, git, work_root, exp_dir, fingerprint, on_line, after_run)
     t_prepare = time.time()
     ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir,
                                             compile_cache.run_root(req.cache) if req.compile_store else None)
     seeded = execute.seed_compile_cache(req, ws)
+    # cold: nothing was there to warm it (clock.py: its start-up GPU seconds then hold the autotuning a new shape
+    # pays too). Not "it added files": a warm run of the baseline still adds a few (16 on an H100, 2031 cold)
+    cold = req.compile_store is None or not seeded
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
-                          allowance=allowance, turn=turn, near_end=ev.prestart)
+                          allowance=allowance, turn=turn, hold=hold, near_end=ev.prestart)
         tampered, broken = _after_checks(after_run, fingerprint)
         tampered = tampered or _links_in(ws.checkpoint)
         meta = ws.checkpoint / checkpoint.MODEL_JSON
@@ -56,11 +62,13 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
             shutil.copyfile(meta, exp_dir / checkpoint.MODEL_JSON, follow_symlinks=False)
         ok = (out.result.returncode == 0 and not out.result.stop_reason and not out.over_budget and not tampered
               and has_ckpt)
+        adopted = (compile_cache.adopt(ws.caches, req.compile_store)
+                   if ok and req.trusted_code and req.compile_store else 0)
+        if ok and trained is not None:
+            trained(out, cold)
         t_eval = time.time()
         verdict = ev.finish(go=ok)
         t_scored = time.time()
-        adopted = (compile_cache.adopt(ws.caches, req.compile_store)
-                   if ok and req.trusted_code and req.compile_store else 0)
         write_json(exp_dir / "timing.json", {
             "prepare": t_prepare, "process_start": out.started_at, **out.phases, "window_start": out.window_start,
             "checkpoint": out.checkpoint_at, "process_exit": out.started_at + out.result.wall_seconds,
@@ -71,9 +79,6 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
             if src.is_file() and not src.is_symlink():     # the worker owns its folder: a link is not a log
                 shutil.copyfile(src, exp_dir / name)
         execute.remove_workspace(ws)
-    # cold: nothing was there to warm it (clock.py: its start-up GPU seconds then hold the autotuning a new shape
-    # pays too). Not "it added files": a warm run of the baseline still adds a few (16 on an H100, 2031 cold)
-    cold = req.compile_store is None or not seeded
     return Trial(out, verdict, has_ckpt, tampered, broken, cold)
 
 

@@ -129,7 +129,7 @@ class Loop:
         self.flying: dict[int, tuple[dict, str]] = {}  # spec id -> (knobs, description) of proposals in flight
         self.stopping = threading.Event()              # Ctrl-C: a slot starts no run after this
         self.propose_lock = threading.Lock()
-        self.gate = BaselineGate()                     # runs prepared beside the baseline wait for its decision
+        self.gate = BaselineGate(self.stopping)        # runs prepared beside the baseline wait until it trained
         self.hook_lock = threading.Lock()
         self.trusted_commits: set[str] = set()         # code the user wrote, or ar's knob edits of it
         # set by open(), which every use of a Loop goes through (`with Loop(...)`): the records, the commits the

@@ -5,8 +5,9 @@ Every experiment, whatever runs it, takes the same path (docs/architecture.md):
   here, one at a time:        settle (decide against the best *now*, reset, record, hooks)
 A result that finishes early waits for the ones dispatched before it, so results.tsv is one file in
 decision order. A baseline trains alone: what is dispatched beside it prepares (an agent proposes, a knob edit
-is committed) but starts its run only once the baseline is decided (`BaselineGate`): every later run's clock
-is measured against the baseline's start-up, and the first candidate is ready when the GPU frees. A win whose parent is no
+is committed) but starts its run only once the baseline has trained cleanly (`BaselineGate`): every later
+run's clock is measured against the baseline's start-up, and the first candidate is ready when the GPU frees;
+it is called off if the baseline is then not kept. A win whose parent is no
 longer the best (another slot's win was settled first) is not merged: with `stale_policy: rerun` (default)
 it is recorded `stale` and queued again on top of the new best (the same knobs, or the same diff); with
 `record` it is only recorded `stale`. With one slot the parent is always the best, so nothing is stale.
@@ -52,9 +53,14 @@ def make_executor(cfg: RunConfig):
 
 class BaselineGate:
     """Held shut while a baseline is in flight: a run dispatched beside it waits here after its proposal and
-    commit. Opened when the baseline is decided; `ok` says whether it was kept (if not, nothing else runs)."""
+    commit (with two slots on one GPU, after its launcher's trusted start-up too, executors/local.py). Opened
+    as soon as the baseline has trained cleanly (`trained`: its start-up is noted as every later run's credit
+    and its compile artefacts are in the store, so what waited starts while the baseline is evaluated), and
+    at its decision (`open`); `ok` says whether it was kept. A run started early is called off when it was not
+    (`called_off`): nothing is measured against a baseline that was not kept."""
 
-    def __init__(self):
+    def __init__(self, stopping: threading.Event):
+        self.stopping = stopping                  # the session's stop: a run waiting here then never starts
         self._open = threading.Event()
         self._open.set()
         self.ok = True
@@ -63,6 +69,9 @@ class BaselineGate:
         self.ok = True
         self._open.clear()
 
+    def trained(self) -> None:
+        self._open.set()
+
     def open(self, ok: bool) -> None:
         self.ok = ok
         self._open.set()
@@ -70,12 +79,15 @@ class BaselineGate:
     def is_open(self) -> bool:
         return self._open.is_set()
 
-    def wait(self, stopping: threading.Event) -> bool:
+    def called_off(self) -> bool:
+        return not self.ok
+
+    def wait(self) -> bool:
         """Whether a run may start: False when the session is stopping or the baseline was not kept."""
         while not self._open.wait(0.2):
-            if stopping.is_set():
+            if self.stopping.is_set():
                 return False
-        return self.ok and not stopping.is_set()
+        return self.ok and not self.stopping.is_set()
 
 
 @dataclass
