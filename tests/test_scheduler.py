@@ -255,17 +255,18 @@ def test_a_flight_knows_when_it_ended_before_a_waiter_wakes():
     assert ended >= before
 
 
-@pytest.mark.parametrize("steps, may_start, called_off", [
-    ((), True, False),                                   # no baseline in flight
-    (("close",), None, False),                           # shut: a run waits
-    (("close", "trained"), True, False),                 # trained cleanly: runs start while it is scored
-    (("close", "trained", "kept"), True, False),
-    (("close", "trained", "not kept"), False, True),     # a run that started is called off
-    (("close", "not kept"), False, True),                # it never trained cleanly: nothing starts
-    (("close", "kept"), True, False),                    # decided without the early word (a Ray slot's baseline)
-    (("close", "not kept", "close"), None, False),       # the next baseline: shut again, nothing called off
+@pytest.mark.parametrize("steps, may_start, called_off, decided", [
+    ((), True, False, True),                             # no baseline in flight
+    (("close",), None, False, False),                    # shut: a run waits
+    (("close", "trained"), True, False, False),          # trained cleanly: runs start while it is scored, but
+                                                         # one that ends first waits for the decision to weigh it
+    (("close", "trained", "kept"), True, False, True),
+    (("close", "trained", "not kept"), False, True, True),   # a run that started is called off
+    (("close", "not kept"), False, True, True),          # it never trained cleanly: nothing starts
+    (("close", "kept"), True, False, True),              # decided without the early word (a Ray slot's baseline)
+    (("close", "not kept", "close"), None, False, False),    # the next baseline: shut again, nothing called off
 ])
-def test_the_baseline_gate(steps, may_start, called_off):
+def test_the_baseline_gate(steps, may_start, called_off, decided):
     from autoresearch.session.scheduler import BaselineGate
     stopping = threading.Event()
     gate = BaselineGate(stopping)
@@ -273,9 +274,11 @@ def test_the_baseline_gate(steps, may_start, called_off):
         {"close": gate.close, "trained": gate.trained, "kept": lambda: gate.open(True),
          "not kept": lambda: gate.open(False)}[step]()
     assert gate.called_off() is called_off
-    if may_start is None:
-        assert not gate.is_open()
-        stopping.set()                                   # a stop frees a run that waits, and it never starts
-        assert gate.wait() is False
-    else:
+    if may_start is not None:
         assert gate.is_open() and gate.wait() is may_start
+    if decided:
+        assert gate.wait_decided() is True
+    else:
+        assert not gate.is_open() if may_start is None else gate.is_open()
+        stopping.set()                                   # a stop frees what waits: no decision, no start
+        assert gate.wait_decided() is False and gate.wait() is False

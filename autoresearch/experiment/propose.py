@@ -286,6 +286,7 @@ def _train_and_classify(lp, ctx: SlotContext, x: Experiment):
     status, reason, m = settle.classify(lp, ctx, x, result, stopped_by, budget)          # 6
     if status is None and spec.kind in ("propose", "knobs", "commit") and not spec.payload.get("sweep") and not \
             _short(lp, x, budget):                                                     # a sweep validates its own
+        lp.gate.wait_decided()         # a run started beside the baseline: its runs are weighed against the best
         measure.more_runs(lp, ctx, x, m, budget, seed, lambda s, n: _run_again(lp, ctx, x, budget, s, n))
         if x.tampered:
             status, reason = Status.CRASH, x.tampered

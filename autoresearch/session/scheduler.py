@@ -63,11 +63,14 @@ class BaselineGate:
         self.stopping = stopping                  # the session's stop: a run waiting here then never starts
         self._open = threading.Event()
         self._open.set()
+        self._decided = threading.Event()
+        self._decided.set()
         self.ok = True
 
     def close(self) -> None:
         self.ok = True
         self._open.clear()
+        self._decided.clear()
 
     def trained(self) -> None:
         self._open.set()
@@ -75,12 +78,21 @@ class BaselineGate:
     def open(self, ok: bool) -> None:
         self.ok = ok
         self._open.set()
+        self._decided.set()
 
     def is_open(self) -> bool:
         return self._open.is_set()
 
     def called_off(self) -> bool:
         return not self.ok
+
+    def wait_decided(self) -> bool:
+        """Wait for the baseline's decision (a run that started early asks before it weighs its runs against the
+        best); False when the session is stopping first."""
+        while not self._decided.wait(0.2):
+            if self.stopping.is_set():
+                return False
+        return True
 
     def wait(self) -> bool:
         """Whether a run may start: False when the session is stopping or the baseline was not kept."""
