@@ -97,6 +97,23 @@ def test_the_agent_cannot_reach_the_store(tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_run_beside_the_baseline_starts_with_what_the_baseline_compiled(tmp_path):
+    """Two slots on one GPU: the run prepared beside the baseline made its workspace while the store was still
+    empty, but it starts after the baseline trained, whose entries are in the store by then: it takes them
+    before its start (compiling cold again would put a cold compile between the first two windows)."""
+    from autoresearch.executors.local import LocalExecutor
+    from autoresearch.slots import Slot
+    root = probe_repo(tmp_path)
+    with Loop(cfg(gpus="cpu:2", time_budget=2.0), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 0)])) as lp:
+        lp.enqueue_knobs({"LR_MULT": 0.9})
+        lp.run(max_experiments=2)
+    assert statuses(root) == ["keep", "discard"]
+    assert seen(root) == {1: [], 2: ["entry-lr1.0"]}
+    timing = json.loads(next((root / "runs" / "t").glob("0002-*/timing.json")).read_text())
+    assert timing["cache_seeded_bytes"] == 0 and timing["cache_seeded_late"] > 0, timing   # seeded when it went
+
+
+@pytest.mark.e2e
 def test_no_compile_cache_means_cold(tmp_path):
     root = probe_repo(tmp_path)
     with Loop(cfg(compile_cache=False), root, "t") as lp:

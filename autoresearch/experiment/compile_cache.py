@@ -9,7 +9,8 @@ Every run compiles in its own scratch folder, deleted afterwards. Without more, 
   made under (a run that loads an entry made elsewhere looks for that folder, which its sandbox denies);
 - `seed(store, run_cache)` copies the store into a run's folder before it starts, with the store's placeholder
   path swapped for the run's own (same length: pickles and shared objects stay valid). A copy, never a link:
-  whatever the run writes lands in its own files and dies with its folder;
+  whatever the run writes lands in its own files and dies with its folder. A run that waited for the baseline
+  takes what the store gained meanwhile (`new_only`) when it goes, before train.py is loaded;
 - `adopt(run_cache, store)` merges what a *trusted* run compiled into the store, after its process tree is
   gone, the run's path swapped for the placeholder: new files only, each written to a temporary name and
   renamed, so nothing already there is replaced.
@@ -62,8 +63,9 @@ def _copy_swapping(src: Path, dest: Path, old: bytes, new: bytes) -> int:
     return len(data)
 
 
-def seed(store: Path, run_cache: Path) -> int:
-    """Copy the store into a run's compile folder (made here); the bytes copied."""
+def seed(store: Path, run_cache: Path, new_only: bool = False) -> int:
+    """Copy the store into a run's compile folder (made here); the bytes copied. `new_only`: only what the folder
+    lacks (a run that waited for the baseline takes what the baseline compiled, before its own start)."""
     run_cache.mkdir(parents=True, exist_ok=True)
     old, new = str(_placeholder(run_cache)).encode(), str(run_cache).encode()
     copied = 0
@@ -75,7 +77,7 @@ def seed(store: Path, run_cache: Path) -> int:
             rel = Path(root).relative_to(store)
             (run_cache / rel).mkdir(parents=True, exist_ok=True)
             for name in files:
-                if name.startswith(".tmp-"):
+                if name.startswith(".tmp-") or (new_only and os.path.lexists(run_cache / rel / name)):
                     continue
                 try:
                     copied += _copy_swapping(Path(root) / name, run_cache / rel / name, old, new)

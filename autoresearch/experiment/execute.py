@@ -80,9 +80,9 @@ def make_workspace(git: GitRepo, commit: str, root: Path, tok_dir: Path | None,
     return ws, (train_view(tok_dir, ws.data) if tok_dir is not None else [])   # None: a command objective
 
 
-def seed_compile_cache(req: RunRequest, ws: Workspace) -> int:
+def seed_compile_cache(req: RunRequest, ws: Workspace, new_only: bool = False) -> int:
     """Copy the trusted compile store into the run's compile folder (bytes copied; 0 without a store)."""
-    copied = compile_cache.seed(req.compile_store, ws.caches) if req.compile_store else 0
+    copied = compile_cache.seed(req.compile_store, ws.caches, new_only) if req.compile_store else 0
     sandbox.give_to_sandbox(ws.caches)          # root: the run is `nobody`, and compiles into its copy
     return copied
 
@@ -224,6 +224,7 @@ class TrainingRun:
         self.startup_gpu: float | None = None
         self.taken = False                    # the turn is this run's (given back at its exit)
         self.gone = False                     # past its gate: ar's clock runs
+        self.seeded_late = 0                  # compile-store bytes copied in after the wait for the baseline
         self.timers: list[threading.Timer] = []
         self.ready = threading.Event()        # the launcher's trusted start-up is done
         self.samples: list[tuple[float, float]] = []     # (wall clock, the run's CPU seconds) from the window
@@ -294,8 +295,10 @@ class TrainingRun:
                 break
             if stopping.is_set():
                 return False
-        if self.hold is not None and not self.hold.wait():
-            return False
+        if self.hold is not None:
+            if not self.hold.wait():
+                return False
+            self.seeded_late = seed_compile_cache(self.req, self.ws, new_only=True)   # what the baseline compiled
         if self.turn is not None:
             if not self.turn.take():
                 return False
@@ -401,7 +404,8 @@ class TrainingRun:
                   "feed_batches": feed.batches if feed is not None else 0,
                   "feed_refused": feed.refused if feed is not None else 0,
                   "feed_tokens": feed.tokens_served if feed is not None else 0,     # ar's count: epochs trained
-                  "train_tokens": len(feed.tokens) if feed is not None else 0}
+                  "train_tokens": len(feed.tokens) if feed is not None else 0,
+                  "cache_seeded_late": self.seeded_late}
         used, _, why = self.start_cost
         return TrainOutcome(result, opened_at - t0 if opened_at is not None else None, v.trained, v.interval,
                             v.over, self.req.sandbox, started_at=t0, window_start=opened_at,

@@ -47,13 +47,14 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
     ws, data_files = execute.make_workspace(git, req.commit, work_root, req.tok_dir,
                                             compile_cache.run_root(req.cache) if req.compile_store else None)
     seeded = execute.seed_compile_cache(req, ws)
-    # cold: nothing was there to warm it (clock.py: its start-up GPU seconds then hold the autotuning a new shape
-    # pays too). Not "it added files": a warm run of the baseline still adds a few (16 on an H100, 2031 cold)
-    cold = req.compile_store is None or not seeded
     ev = evaluate.Evaluation(req, ws, manifest, exp_dir / "record.json", ws.root / "private.json", server)
     try:
         out = execute.run(req, ws, data_files, log_path=exp_dir / "train.log", on_line=on_line,
                           allowance=allowance, turn=turn, hold=hold, near_end=ev.prestart)
+        # cold: nothing was there to warm it (clock.py: its start-up GPU seconds then hold the autotuning a new
+        # shape pays too). Not "it added files": a warm run of the baseline still adds a few (16 on an H100, 2031
+        # cold)
+        cold = req.compile_store is None or not (seeded or out.phases.get("cache_seeded_late"))
         tampered, broken = _after_checks(after_run, fingerprint)
         tampered = tampered or _links_in(ws.checkpoint)
         meta = ws.checkpoint / checkpoint.MODEL_JSON
