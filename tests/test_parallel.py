@@ -247,9 +247,11 @@ def test_gpu_slots_pin_and_lock(tmp_path):
 @pytest.mark.e2e
 def test_two_slots_on_one_gpu_take_turns(tmp_path):
     """`--gpus 0,0`: never two training processes on the GPU at once, but the next experiment's proposal and
-    workspace overlap a training, and its process starts while the last one is still being evaluated."""
+    workspace overlap a training, and its process starts while the last one is still being evaluated. 3-s
+    windows: the next run's launcher (torch's import, 2-4 s on a busy 2-core machine) is ready before the
+    training it waits for ends, as it is beside a GPU's longer windows."""
     root = make_repo(tmp_path)
-    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=1.0), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=3.0), root, "t", executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
     with lp:
         for lr in (1.5, 0.8, 1.2, 0.9):
             lp.enqueue_knobs({"LR_MULT": lr})
