@@ -20,7 +20,9 @@ export AR_CACHE=${AR_CACHE:-/tmp/arcache-dec}
 [[ -n ${RESUME:-} ]] || python3 -m autoresearch prepare builtin-site --vocab-size ${VOCAB:-8192} --max-bytes ${MAX_BYTES:-100000000} 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"
 if [[ -z ${RESUME:-} ]]; then
-rm -rf "$ws" /tmp/near-null-agent.count
+rm -rf "$ws" /tmp/near-null-agent.count /tmp/near-null
+mkdir -p /tmp/near-null      # the agent's count: in a folder of its own (the agent's sandbox lets it create files
+                             # in /tmp, which holds AR_CACHE, but not write them; a folder that exists is its own)
 python3 -m autoresearch init "$ws" >/dev/null
 cd "$ws"
 python3 "$REPO/bench/handicap.py" train.py train.py --batch "$BATCH" --slow --lr-mult "${LR:-1.0}" || exit 1
@@ -28,6 +30,7 @@ git -c user.name=b -c user.email=b@b commit -qam "the baseline, handicapped: eac
 printf 'dataset: builtin-site\n' > ar.yaml
 fi
 cd "$ws"
+export NEAR_NULL_STATE=/tmp/near-null/count
 start=$(date +%s)
 timeout -s INT "$LIMIT" python3 -m autoresearch run --tag dec --max-experiments ${MAX_EXP:-14} --time-budget "$BUDGET" \
     --config ar.yaml --gpus "$GPUS" --agent "python3 $REPO/bench/agents/near_null_agent.py {prompt_file}" >> "$OUT/dec.log" 2>&1
