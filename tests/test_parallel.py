@@ -260,8 +260,7 @@ def test_two_slots_on_one_gpu_take_turns(tmp_path):
     assert len(rows) == 5
     windows = sorted(window(root, r) for r in rows)
     assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:])), windows      # one training at a time
-    timing = [json.loads((root / "runs" / "t" / f"{r.exp_id:04d}-{r.commit}" / "timing.json").read_text())
-              for r in sorted(rows, key=lambda r: r.exp_id)]
+    timing = [_timing(root, r) for r in sorted(rows, key=lambda r: r.exp_id)]
     pairs = list(zip(timing[1:], timing[2:]))
     assert any(b["prepare"] < a["process_exit"] for a, b in pairs)      # prepared while the other trained
     assert any(b["process_start"] < a["eval_done"] for a, b in pairs)   # started while the other was scored

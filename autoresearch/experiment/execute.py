@@ -224,6 +224,8 @@ class TrainingRun:
         self.startup_gpu: float | None = None
         self.taken = False                    # the turn is this run's (given back at its exit)
         self.gone = False                     # past its gate: ar's clock runs
+        # its workspace was seeded before the baseline's compile reached the store: it takes that when it goes
+        self.reseed = hold is not None and not hold.is_open()
         self.seeded_late = 0                  # compile-store bytes copied in after the wait for the baseline
         self.timers: list[threading.Timer] = []
         self.ready = threading.Event()        # the launcher's trusted start-up is done
@@ -298,7 +300,8 @@ class TrainingRun:
         if self.hold is not None:
             if not self.hold.wait():
                 return False
-            self.seeded_late = seed_compile_cache(self.req, self.ws, new_only=True)   # what the baseline compiled
+            if self.reseed:
+                self.seeded_late = seed_compile_cache(self.req, self.ws, new_only=True)
         if self.turn is not None:
             if not self.turn.take():
                 return False

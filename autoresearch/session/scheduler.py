@@ -86,20 +86,21 @@ class BaselineGate:
     def called_off(self) -> bool:
         return not self.ok
 
-    def wait_decided(self) -> bool:
-        """Wait for the baseline's decision (a run that started early asks before it weighs its runs against the
-        best); False when the session is stopping first."""
-        while not self._decided.wait(0.2):
+    def _until(self, event: threading.Event) -> bool:
+        """Wait for `event`; False when the session is stopping first."""
+        while not event.wait(0.2):
             if self.stopping.is_set():
                 return False
         return True
 
+    def wait_decided(self) -> bool:
+        """Wait for the baseline's decision (a run that started early asks before it weighs its runs against the
+        best); False when the session is stopping first."""
+        return self._until(self._decided)
+
     def wait(self) -> bool:
         """Whether a run may start: False when the session is stopping or the baseline was not kept."""
-        while not self._open.wait(0.2):
-            if self.stopping.is_set():
-                return False
-        return self.ok and not self.stopping.is_set()
+        return self._until(self._open) and self.ok and not self.stopping.is_set()
 
 
 @dataclass
