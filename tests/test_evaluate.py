@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from autoresearch.harness import checkpoint, data
 from autoresearch.harness.evaluator import manifest
@@ -192,6 +193,43 @@ def test_exactly_eval_tokens_when_not_a_multiple_of_the_batch(tmp_path, server, 
     assert nbytes == 2 * 17 and want == pytest.approx(math.log2(4) / 2)
     assert rec["val_bpb"] == pytest.approx(want, rel=1e-6) and rec["eval_bytes"] == nbytes
     assert rec["eval_tokens"] == 20
+
+
+class _BufferWorker:
+    """A model worker reduced to its shared buffers: it answers every call with the same finite logits."""
+
+    def __init__(self, rows: int, vocab: int):
+        self.inp = torch.zeros(rows, T, dtype=torch.int64)
+        self.out = torch.zeros(rows, T, vocab)
+
+    def send(self, line: str) -> None:
+        pass
+
+    def expect(self, what: str) -> None:
+        self.out.copy_(torch.linspace(-1, 1, self.out.size(-1)).expand_as(self.out))
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_logits_read_in_place_that_turn_non_finite_after_their_check_are_rejected_not_scored(monkeypatch, poison):
+    """The evaluator reads a worker's buffer in place (no private copy): a worker may write into it between the
+    finiteness check and the loss read. Here it does, at a target that stands for no bytes (so the sum would
+    stay finite) in a row sampled for the fresh re-score, where a NaN loss would compare as "no difference"."""
+    from autoresearch.harness import evaluator as ev
+    worker = _BufferWorker(rows=2, vocab=4)
+    x = torch.tensor([[0, 1, 2, 3, 0, 1, 2]] * 2)
+    y = torch.tensor([ROW] * 2)                        # y[r, 3] == 0: the BOS, no bytes
+    real = ev._nll
+
+    def written_meanwhile(logits, target):
+        if logits.data_ptr() == worker.out.data_ptr():
+            worker.out[1, 3, 2] = poison
+        return real(logits, target)
+
+    monkeypatch.setattr(ev, "_nll", written_meanwhile)
+    keep = {(0, 1): None}
+    with pytest.raises(ev.Rejected, match="not finite"):
+        ev._score(worker, [(x, y)], torch.tensor([0, 1, 2, 3]), 2 * T, torch.device("cpu"), keep=keep)
+    assert keep[(0, 1)] is None                        # nothing of the batch was kept for the re-score
 
 
 def test_a_model_that_looks_ahead_is_rejected(tmp_path, server, job):
