@@ -1,0 +1,108 @@
+"""The evaluation's forward pass, as the model worker runs it, eager and compiled (issue 39: evaluation ≤ 4 s).
+
+The worker builds the model with train.py's factory and calls it on 2^16 tokens a call, in bf16 autocast under
+no_grad, eager. This measures, each series in a fresh process on the same random weights' shapes:
+  eager          the worker as it is: ms per call (median), and the first call;
+  compiled cold  torch.compile(model) with empty inductor/Triton caches: the first call (the compile) and ms per call;
+  compiled warm  the same again in a new process on the caches the cold one filled (a store hit);
+and, with --kernels, the eager forward's ten costliest CUDA kernels (torch.profiler), to see where it goes.
+
+    python3 bench/bench_eval_forward.py [--train train.py --rows 32 --seq 2048 --repeat 10 --kernels]
+On a CPU it runs the cpu profile's model at a small shape (a check that it runs; the figures are the GPU's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def child(a) -> dict:
+    import torch
+    spec = importlib.util.spec_from_file_location("ar_proposal", a.train)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ar_proposal"] = mod
+    spec.loader.exec_module(mod)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    cfg = dataclasses.asdict(mod.make_config(a.vocab, a.seq, "gpu" if cuda else "cpu"))
+    with torch.device(device):
+        model = mod.model_from_config(cfg)
+    model = model.eval()
+    fwd = torch.compile(model, dynamic=False) if a.mode != "eager" else model
+    x = torch.randint(0, a.vocab, (a.rows, a.seq), device=device)
+    ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: torch.autocast("cpu", enabled=False))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def call():
+        with torch.no_grad(), ctx():
+            return fwd(x)
+
+    t = time.perf_counter()
+    call()
+    sync()
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(a.repeat):
+        sync()
+        t = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - t)
+    out = {"mode": a.mode, "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "tokens_per_call": a.rows * a.seq, "first_call_s": round(first, 3),
+           "ms_per_call": {"min": round(min(times) * 1e3, 2), "median": round(statistics.median(times) * 1e3, 2),
+                           "max": round(max(times) * 1e3, 2)}}
+    if a.kernels and cuda and a.mode == "eager":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            sync()
+        rows = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                      key=lambda e: e.device_time_total, reverse=True)
+        total = sum(e.device_time_total for e in rows)
+        out["kernels"] = [{"name": e.key[:90], "calls": e.count, "ms": round(e.device_time_total / 1e3, 3),
+                           "share": round(e.device_time_total / total, 3)} for e in rows[:10]]
+        out["kernel_ms"] = round(total / 1e3, 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", default="train.py")
+    ap.add_argument("--rows", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--mode", help=argparse.SUPPRESS)       # a child's series
+    a = ap.parse_args()
+    if a.mode:
+        print(json.dumps(child(a)))
+        return
+    base = [sys.executable, __file__, "--train", str(Path(a.train).resolve()), "--rows", str(a.rows), "--seq",
+            str(a.seq), "--vocab", str(a.vocab), "--repeat", str(a.repeat)] + (["--kernels"] if a.kernels else [])
+    with tempfile.TemporaryDirectory(prefix="ar-eval-fwd-") as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
+        for mode in ("eager", "cold", "warm"):
+            t = time.perf_counter()
+            p = subprocess.run(base + ["--mode", mode], env=env, capture_output=True, text=True)
+            if p.returncode:
+                print(json.dumps({"mode": mode, "error": p.stderr.strip().splitlines()[-1:]}))
+                continue
+            doc = json.loads(p.stdout.strip().splitlines()[-1])
+            doc["process_s"] = round(time.perf_counter() - t, 2)
+            print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()
