@@ -5,6 +5,7 @@ no_grad, eager. This measures, each series in a fresh process on the same random
   eager          the worker as it is: ms per call (median), and the first call;
   compiled cold  torch.compile(model) with empty inductor/Triton caches: the first call (the compile) and ms per call;
   compiled warm  the same again in a new process on the caches the cold one filled (a store hit);
+  cold, 1 thread compiled with empty caches of its own and one compile thread (the sandboxed worker's setting);
 and, with --kernels, the eager forward's ten costliest CUDA kernels (torch.profiler), to see where it goes.
 
     python3 bench/bench_eval_forward.py [--train train.py --rows 32 --seq 2048 --repeat 10 --kernels]
@@ -93,9 +94,12 @@ def main() -> None:
             str(a.seq), "--vocab", str(a.vocab), "--repeat", str(a.repeat)] + (["--kernels"] if a.kernels else [])
     with tempfile.TemporaryDirectory(prefix="ar-eval-fwd-") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
-        for mode in ("eager", "cold", "warm"):
+        # "cold, 1 thread": empty caches of its own and one compile thread, as the sandboxed worker compiles on a GPU
+        one = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/one/inductor",
+               "TRITON_CACHE_DIR": f"{cache}/one/triton", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+        for mode, series_env in (("eager", env), ("cold", env), ("warm", env), ("cold, 1 thread", one)):
             t = time.perf_counter()
-            p = subprocess.run(base + ["--mode", mode], env=env, capture_output=True, text=True)
+            p = subprocess.run(base + ["--mode", mode], env=series_env, capture_output=True, text=True)
             if p.returncode:
                 print(json.dumps({"mode": mode, "error": p.stderr.strip().splitlines()[-1:]}))
                 continue
