@@ -29,6 +29,12 @@ def format_step(step: int, pct: float, loss: float, tokens_per_s: float, mfu: fl
             f"dt {int(dt_s * 1000)}ms | remaining {max(0, int(remaining_s))}s")
 
 
+def step_clock_slack(budget_s: float) -> float:
+    """How far a step line's `remaining` and the budget share its percentage leaves may disagree from the line's
+    own rounding alone: seconds truncated (under 1 s) and the percentage rounded to 0.1 % (budget · 0.0005 s)."""
+    return 1.0 + budget_s * 0.0005
+
+
 def _fmt(v, digits: int) -> str:
     if v is None:
         return UNKNOWN
