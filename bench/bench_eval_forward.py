@@ -7,8 +7,14 @@ no_grad, eager. This measures, each series in a fresh process on the same random
   compiled warm  the same again in a new process on the caches the cold one filled (a store hit);
   cold, 1 thread compiled with empty caches of its own and one compile thread (the sandboxed worker's setting);
 and, with --kernels, the eager forward's ten costliest CUDA kernels (torch.profiler), to see where it goes.
+Every series scores one call's logits against fixed random targets as the evaluator does (per-token
+cross-entropy), on the same perturbed weights (every block active, not the identity of the init): each compiled
+series says how far its per-token losses are from the eager ones (`vs_eager`: max and mean |Δ| in nats), the
+figure to hold against the evaluator's 1e-3 tolerance if a compiled worker were re-scored by an eager one.
 
     python3 bench/bench_eval_forward.py [--train train.py --rows 32 --seq 2048 --repeat 10 --kernels]
+                                        [--knobs '{"BF16_RESIDUAL": true}']      (train.py knobs set first)
+                                        [--series eager,cold]     (of eager,cold,warm,one; warm needs cold)
 On a CPU it runs the cpu profile's model at a small shape (a check that it runs; the figures are the GPU's).
 """
 
@@ -36,11 +42,18 @@ def child(a) -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     cfg = dataclasses.asdict(mod.make_config(a.vocab, a.seq, "gpu" if cuda else "cpu"))
+    torch.manual_seed(0)
     with torch.device(device):
         model = mod.model_from_config(cfg)
+    with torch.no_grad():                        # every block active: the init's zero projections compare nothing
+        gen = torch.Generator(device=device).manual_seed(1)
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen, device=device))
     model = model.eval()
     fwd = torch.compile(model, dynamic=False) if a.mode != "eager" else model
-    x = torch.randint(0, a.vocab, (a.rows, a.seq), device=device)
+    gen = torch.Generator(device=device).manual_seed(2)
+    x = torch.randint(0, a.vocab, (a.rows, a.seq), device=device, generator=gen)
+    y = torch.randint(0, a.vocab, (a.rows, a.seq), device=device, generator=gen)
     ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: torch.autocast("cpu", enabled=False))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
@@ -49,9 +62,12 @@ def child(a) -> dict:
             return fwd(x)
 
     t = time.perf_counter()
-    call()
+    logits = call()
     sync()
     first = time.perf_counter() - t
+    losses = torch.nn.functional.cross_entropy(logits.float().flatten(0, -2), y.flatten(), reduction="none")
+    torch.save(losses.double().cpu(), a.save)
+    del logits
     times = []
     for _ in range(a.repeat):
         sync()
@@ -85,26 +101,47 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--knobs", default="", help='train.py knobs to set first, JSON: \'{"BF16_RESIDUAL": true}\'')
+    ap.add_argument("--series", default="eager,cold,warm,one", help="which series, in order (warm needs cold)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)       # a child's series
+    ap.add_argument("--save", help=argparse.SUPPRESS)       # where a child leaves its per-token losses
     a = ap.parse_args()
     if a.mode:
         print(json.dumps(child(a)))
         return
-    base = [sys.executable, __file__, "--train", str(Path(a.train).resolve()), "--rows", str(a.rows), "--seq",
+    train = Path(a.train).resolve()
+    if a.knobs:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_train import with_knobs
+        train = with_knobs(json.loads(a.knobs))
+    base = [sys.executable, __file__, "--train", str(train), "--rows", str(a.rows), "--seq",
             str(a.seq), "--vocab", str(a.vocab), "--repeat", str(a.repeat)] + (["--kernels"] if a.kernels else [])
+    import torch
     with tempfile.TemporaryDirectory(prefix="ar-eval-fwd-") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
         # "cold, 1 thread": empty caches of its own and one compile thread, as the sandboxed worker compiles on a GPU
         one = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/one/inductor",
                "TRITON_CACHE_DIR": f"{cache}/one/triton", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-        for mode, series_env in (("eager", env), ("cold", env), ("warm", env), ("cold, 1 thread", one)):
+        wanted = set(a.series.split(","))
+        for key, mode, series_env in (("eager", "eager", env), ("cold", "cold", env), ("warm", "warm", env),
+                                      ("one", "cold, 1 thread", one)):
+            if key not in wanted:
+                continue
             t = time.perf_counter()
-            p = subprocess.run(base + ["--mode", mode], env=series_env, capture_output=True, text=True)
+            save = f"{cache}/losses-{mode.replace(' ', '').replace(',', '-')}.pt"
+            p = subprocess.run(base + ["--mode", mode, "--save", save], env=series_env, capture_output=True, text=True)
             if p.returncode:
                 print(json.dumps({"mode": mode, "error": p.stderr.strip().splitlines()[-1:]}))
                 continue
             doc = json.loads(p.stdout.strip().splitlines()[-1])
             doc["process_s"] = round(time.perf_counter() - t, 2)
+            if mode == "eager":
+                eager = torch.load(save)
+            elif Path(f"{cache}/losses-eager.pt").exists():
+                d = (torch.load(save) - eager).abs()
+                doc["vs_eager"] = {"max_abs_nats": float(d.max()), "mean_abs_nats": float(d.mean())}
+            if a.knobs:
+                doc["knobs"] = json.loads(a.knobs)
             print(json.dumps(doc))
 
 

@@ -40,6 +40,7 @@ PLAN = [
     ("fast", 17, FAST, {}),
     ("fast-5090", 19, FAST, {"AR_GPU_MEMORY_GB": "32"}),
     ("exact", 19, EXACT, {}),
+    ("fast-flash", 19, {**FAST, "ATTENTION": "flash"}, {}),   # FlashAttention-2 via SDPA: its backward vs cuDNN's
     ("fused_ce", 19, {"FUSED_CE": True}, {}),
     ("relu2", 19, {"RELU2_KEEPS_OUTPUT": True}, {}),
     ("bf16_residual", 19, {"BF16_RESIDUAL": True}, {}),
