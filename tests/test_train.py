@@ -112,6 +112,14 @@ def test_batch_that_does_not_divide_is_one_line(tmp_path, tiny_dataset):
 
 
 @pytest.mark.integration
+def test_a_fused_ce_that_is_not_true_false_or_auto_is_one_line(tmp_path, tiny_dataset):
+    proc, _ = run_train(tmp_path, tiny_dataset, knobs={"FUSED_CE": "yes"})
+    fail = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL:")]
+    assert proc.returncode == 1 and len(fail) == 1 and "FUSED_CE" in fail[0] and '"auto"' in fail[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.integration
 def test_missing_data_is_one_line(tmp_path):
     env = dict(os.environ, AR_CACHE=str(tmp_path / "empty"), AR_PROFILE="cpu", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, str(ROOT / "train.py")], env=env, capture_output=True, text=True,
@@ -216,6 +224,27 @@ def test_fused_ce_and_relu2_trace_whole_under_torch_compile():
     loss, grads = _tiny_step(load_train(), fused=True, chunk=64, compile_backend="aot_eager", relu2=True)
     assert abs(loss.item() - ref_loss.item()) < 1e-5
     assert all((grads[n] - g).norm() <= 1e-4 * g.norm() for n, g in ref.items())
+
+
+@pytest.mark.parametrize("setting, device_cuda, fused", [
+    ("auto", False, False), ("auto", True, True), (True, False, True), (True, True, True), (False, True, False)])
+def test_fused_ce_auto_means_cuda_only(setting, device_cuda, fused, monkeypatch):
+    """The default, "auto", takes the chunked loss on CUDA alone (a CPU step is slower with it); True and False
+    hold everywhere. Counted at the mechanism: whether LinearSoftcapCE runs, on a CPU tensor that says CUDA."""
+    train = load_train()
+    assert train.FUSED_CE == "auto" and train.BF16_RESIDUAL is True and train.RELU2_KEEPS_OUTPUT is True
+    train.FUSED_CE = setting
+    cfg = train.make_config(vocab_size=256, seq_len=32, profile_name="cpu")
+    model = train.build_model(cfg, "cpu")
+    calls = []
+    real = train.LinearSoftcapCE.apply
+    monkeypatch.setattr(train.LinearSoftcapCE, "apply", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: device_cuda))
+    x = torch.randint(0, 256, (2, 32))
+    if device_cuda:                                             # BF16_RESIDUAL's cast is CUDA-only too
+        monkeypatch.setattr(train, "BF16_RESIDUAL", False)
+    loss = model(x, x)
+    assert bool(calls) == fused and loss.requires_grad
 
 
 def test_fused_ce_leaves_evaluation_and_per_token_losses_alone():
