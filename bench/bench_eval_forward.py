@@ -109,11 +109,11 @@ def main() -> None:
     if a.mode:
         print(json.dumps(child(a)))
         return
-    train = Path(a.train).resolve()
-    if a.knobs:
+    train, knobs = Path(a.train).resolve(), json.loads(a.knobs) if a.knobs else None
+    if knobs:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from bench_train import with_knobs
-        train = with_knobs(json.loads(a.knobs))
+        train = with_knobs(knobs)
     base = [sys.executable, __file__, "--train", str(train), "--rows", str(a.rows), "--seq",
             str(a.seq), "--vocab", str(a.vocab), "--repeat", str(a.repeat)] + (["--kernels"] if a.kernels else [])
     import torch
@@ -122,7 +122,7 @@ def main() -> None:
         # "cold, 1 thread": empty caches of its own and one compile thread, as the sandboxed worker compiles on a GPU
         one = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/one/inductor",
                "TRITON_CACHE_DIR": f"{cache}/one/triton", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-        wanted = set(a.series.split(","))
+        wanted, eager = set(a.series.split(",")), None
         for key, mode, series_env in (("eager", "eager", env), ("cold", "cold", env), ("warm", "warm", env),
                                       ("one", "cold, 1 thread", one)):
             if key not in wanted:
@@ -137,11 +137,11 @@ def main() -> None:
             doc["process_s"] = round(time.perf_counter() - t, 2)
             if mode == "eager":
                 eager = torch.load(save)
-            elif Path(f"{cache}/losses-eager.pt").exists():
+            elif eager is not None:
                 d = (torch.load(save) - eager).abs()
                 doc["vs_eager"] = {"max_abs_nats": float(d.max()), "mean_abs_nats": float(d.mean())}
-            if a.knobs:
-                doc["knobs"] = json.loads(a.knobs)
+            if knobs:
+                doc["knobs"] = knobs
             print(json.dumps(doc))
 
 
