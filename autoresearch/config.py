@@ -91,6 +91,9 @@ class RunConfig:
     # several GPUs (docs/scale-out.md)
     gpus: str | None = None                # slots: "0,1", "all", "cpu:N"; None: one experiment at a time
     stale_policy: str = "rerun"            # a win whose parent is no longer the best: rerun | record (`stale`)
+    head_start: bool | str = "auto"        # slots taking turns on one GPU: the next run starts in the running
+                                           # window's last seconds (experiment/headstart.py); "auto": on a GPU
+                                           # where its GPU seconds are read; true: the CPU too; false: never
     executor: str = "local"                # local (slots on this machine) | ray
     ray_address: str | None = None         # ray: cluster address; None: ray's own discovery / a local cluster
     ray_resource: str = "GPU"              # ray: the resource one experiment asks one unit of
@@ -188,6 +191,10 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         from autoresearch.slots import parse_gpus
         value = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         parse_gpus(value, probe=False, where=where)
+        return value
+    if key == "head_start":
+        if value not in (True, False, "auto"):
+            raise ConfigError(f'{where} must be true, false or "auto", not {value!r}')
         return value
     if key == "false_keep":
         if isinstance(value, bool) or not isinstance(value, num) or not 0 < value < 0.5:

@@ -64,3 +64,32 @@ def test_a_broken_request_ends_the_feed(feed_and_client):
 def test_the_same_seed_serves_the_same_rows(feed_and_client):
     (_, a, _), (_, b, _) = feed_and_client(10.0), feed_and_client(10.0)
     assert all(np.array_equal(a.fetch(4, 33)[0], b.fetch(4, 33)[0]) for _ in range(3))
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_a_head_started_runs_first_batch_waits_for_its_turn_and_the_window_opens_after(tiny_dataset, allowed):
+    """experiment/headstart.py: `before_open` holds the first request (the turn is still the other run's); the
+    window opens when it returns, at the clock's time then, not at the request's. False (the session stops): the
+    run is told the feed has ended and nothing is served."""
+    clock = ManualClock(wall=2_000_000.0)
+
+    def wait_for_turn():
+        clock.advance(7.0)                    # the other run's last seconds, its finish and exit
+        return allowed
+
+    feed = Feed(tiny_dataset.tok_dir, seed=42, budget=10.0, on_open=lambda: 0.0, before_open=wait_for_turn,
+                clock=clock)
+    client = FeedClient(feed.child_fd)
+    feed.child_fd = None
+    try:
+        asked = clock.time()
+        got = client.fetch(2, 65)
+        if allowed:
+            assert got is not None and feed.opened_at == asked + 7.0
+            assert feed.deadline == pytest.approx(asked + 17.0)
+            assert client.fetch(2, 65) is not None and feed.batches == 2     # asked once, at the first batch only
+        else:
+            assert got is None and feed.opened_at is None and feed.batches == 0
+    finally:
+        client.close()
+        feed.close()

@@ -272,6 +272,41 @@ def test_two_slots_on_one_gpu_take_turns(tmp_path):
 
 
 @pytest.mark.e2e
+def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_window(tmp_path):
+    """`head_start: true` (here on the CPU, where it is charged in CPU seconds; "auto" gives it on a GPU where GPU
+    seconds are read): once a start-up has been measured on the GPU, the next run's clock starts ("go") while the
+    other run still trains; its first batch waits for the turn, and that wait is not its start-up's. Two windows
+    never overlap. The last run burns 6 CPU-s in its start-up (the stand-in's own takes about 1): beside the
+    other's window, as after it, the excess comes off its window. Every start-up sleeps 1.5 s (wall, no CPU), as
+    a GPU's compile takes seconds: the lead, then, is seconds."""
+    root = make_repo(tmp_path, START_DELAY=1.5)
+    lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=5.0, head_start=True, startup_allowance=60.0), root, "t",
+                      executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
+    with lp:
+        for lr in (1.5, 0.8):
+            lp.enqueue_knobs({"LR_MULT": lr})
+        lp.enqueue_knobs({"TOTAL_BATCH_SIZE": 2**18, "FAIL_MODE": "burn_start", "BURN_CPU_S": 6.0})
+        lp.run()
+    rows = sorted(assert_consistent(root), key=lambda r: r.exp_id)
+    assert len(rows) == 4
+    timing = [_timing(root, r) for r in rows]
+    for a, b in zip(timing, timing[1:]):       # one training at a time: each first batch after the last exit
+        assert a["process_exit"] <= b["window_start"], (a, b)
+    early = [(a, b) for a, b in zip(timing, timing[1:]) if b["head_start"] is not None]
+    assert early, timing                                    # the runs after the first on the credit went early
+    for a, b in early:
+        assert b["process_start"] < a["process_exit"] <= b["window_start"], (a, b)   # go beside it, batch after
+        assert b["turn_wait"] > 0, b
+        assert a["window_end"] - b["process_start"] > 1.0, (a, b)    # about one start-up (1.5 s) ahead
+    burn = rows[-1]
+    assert timing[-1]["head_start"] is not None, timing[-1]
+    metrics = json.loads((root / "runs" / "t" / f"{burn.exp_id:04d}-{burn.commit}" / "metrics.json").read_text())
+    assert metrics["startup_cpu"] > 5.0 and "cut by" in (metrics["window_note"] or ""), metrics
+    assert metrics["window_seconds"] < 5.0 - 1.5, metrics
+    assert timing[1]["head_start"] is None                  # beside the baseline it waits for its training instead
+
+
+@pytest.mark.e2e
 def test_two_slots_on_each_of_two_gpus_take_turns_per_gpu(tmp_path):
     """`--gpus 0,0,1,1` (parsed without a probe): four slots, two per GPU; on each GPU one training at a time,
     while the two GPUs train side by side."""

@@ -34,23 +34,50 @@ TAIL_LINES = 64     # the run's last output lines, kept for a log the size cap c
 
 
 class GpuTurn:
-    """The turn of the slots that share one GPU: `take()` waits for it (False when the session is stopping:
-    then nothing may start), `give_back()` passes it on. First come, first served."""
+    """The turn of the slots that share one GPU, first come, first served: `take()` waits for it (None when the
+    session is stopping: then nothing may start), `give_back()` passes it on. A run may instead be told to start
+    early (`early()` says when: experiment/headstart.py); the turn is then reserved for it, and its `take()` later
+    (its first batch) gets it as soon as the holder gives it back. The holder says when its window closes
+    (`opened`) and which processes are its (for the memory the next start-up must fit beside)."""
 
     def __init__(self, stopping: threading.Event):
-        self._lock, self.stopping = threading.Lock(), stopping
+        self.stopping = stopping
+        self._cv = threading.Condition()
+        self.holder = self.next = None            # the run holding the GPU; the one that started early
+        self.window_end: float | None = None      # wall clock: the holder's window closes
+        self.holder_pids = None                   # () -> the holder's process ids
+        self.startups: list[float] = []           # each run's start-up here, go → first batch, less its wait
 
-    def take(self) -> bool:
-        while not self._lock.acquire(timeout=0.2):
-            if self.stopping.is_set():
-                return False
-        if self.stopping.is_set():
-            self._lock.release()
-            return False
-        return True
+    def take(self, who=None, early=None, cancel: threading.Event | None = None) -> str | None:
+        """Wait for the GPU: "turn" once it is `who`'s, "early" when `early()` allows a start beside the holder,
+        None when stopping (or `cancel` is set)."""
+        who = who if who is not None else object()
+        with self._cv:
+            while not self.stopping.is_set() and not (cancel is not None and cancel.is_set()):
+                if self.holder is None and self.next in (None, who):
+                    self.holder, self.next, self.window_end, self.holder_pids = who, None, None, None
+                    return "turn"
+                if early is not None and self.holder is not None and self.next is None and early():
+                    self.next = who
+                    return "early"
+                self._cv.wait(0.2)
+            if self.next is who:
+                self.next = None
+            return None
 
-    def give_back(self) -> None:
-        self._lock.release()
+    def opened(self, who, window_end: float, pids) -> None:
+        with self._cv:
+            if self.holder is who:
+                self.window_end, self.holder_pids = window_end, pids
+
+    def give_back(self, who=None) -> None:
+        """The run `who` is done with the GPU (or, started early, gives up its place)."""
+        with self._cv:
+            if self.holder is not None and (who is None or self.holder is who):
+                self.holder, self.window_end, self.holder_pids = None, None, None
+            if who is not None and self.next is who:
+                self.next = None
+            self._cv.notify_all()
 
 
 class InlineExecutor:

@@ -41,7 +41,7 @@ from autoresearch.harness.feed import Feed
 from autoresearch.harness.data import hidden_sources, train_view
 from autoresearch.experiment.request import RunRequest
 from autoresearch.process import STOP_INTERRUPTED, RunResult, run_training
-from autoresearch.experiment import clock, compile_cache
+from autoresearch.experiment import clock, compile_cache, headstart
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,9 @@ class TrainingRun:
     runner.run_training.
     `turn`: the slot's turn on a shared GPU (executors/local.GpuTurn), held from the clock's start to the
     process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
-    is taken). `hold`: the baseline this run waits for (scheduler.BaselineGate), before its turn (or its start,
-    without one); the run is stopped if that baseline is then not kept. `allowance`: the baseline's start-up
+    is taken), or a head start before it (headstart.py: "go" in the holder's last seconds, the first batch held
+    until the turn is taken). `hold`: the baseline this run waits for (scheduler.BaselineGate), before its turn
+    (or its start, without one); the run is stopped if that baseline is then not kept. `allowance`: the baseline's start-up
     (clock.Credit), or what gives it, read when the clock starts: a run that waited for the baseline gets the
     credit the baseline left. `near_end` is called `req.eval_prestart` seconds before the window's end."""
 
@@ -223,6 +224,10 @@ class TrainingRun:
         self.meter = gputime.open_meter()[0] if req.device == "cuda" else None   # None: GPU time unread
         self.startup_gpu: float | None = None
         self.taken = False                    # the turn is this run's (given back at its exit)
+        self.early_by: float | None = None    # it went this long before the holder's window closed (a head start)
+        self.turn_wait = 0.0                  # ... and its first batch then waited this long for the turn
+        self.memory_seen: tuple[int, int, int] | None = None   # the GPU's memory when the head start was weighed
+        self.closing = threading.Event()
         self.gone = False                     # past its gate: ar's clock runs
         # its workspace was seeded before the baseline's compile reached the store: it takes that when it goes
         self.reseed = hold is not None and not hold.is_open()
@@ -232,8 +237,8 @@ class TrainingRun:
         self.samples: list[tuple[float, float]] = []     # (wall clock, the run's CPU seconds) from the window
         self.sampled = threading.Event()
         self.go_r = self.go_w = None
-        self.feed = (Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=self.opened)
-                     if req.tok_dir else None)
+        self.feed = (Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=self.opened,
+                          before_open=self.wait_turn if turn is not None else None) if req.tok_dir else None)
 
     def command(self) -> list[str]:
         cmd = list(self.req.train_command)
@@ -265,12 +270,15 @@ class TrainingRun:
     def opened(self) -> float:
         """The feed's first batch: what the start-up costs the window (clock.py)."""
         cpu = tree_cpu(self.proc) if self.proc is not None else None
-        wall, used = time.time() - self.t0_wall, (cpu - self.cpu0 if cpu is not None else None)
+        wall, used = time.time() - self.t0_wall - self.turn_wait, (cpu - self.cpu0 if cpu is not None else None)
         if self.meter is not None:
             self.startup_gpu = self.meter.seconds()
             self.meter.stop()
         cost, why = clock.start_up_cost(self.credit, self.req.device, wall, used, self.startup_gpu)
         self.start_cost = (used, cost, why)
+        if self.turn is not None and self.taken:     # for the next run's head start: when this window closes
+            self.turn.startups.append(wall)
+            self.turn.opened(self, time.time() + self.req.time_budget - cost, lambda: tree_pids(self.proc))
         if cpu is not None:
             self.samples.append((time.time(), cpu))
             threading.Thread(target=self.sample, name="ar-cpu", daemon=True).start()
@@ -288,6 +296,48 @@ class TrainingRun:
         a = self.allowance() if callable(self.allowance) else self.allowance
         return a or clock.Credit()
 
+    def may_start_early(self, credit: clock.Credit) -> bool:
+        """Whether this run may take a head start (headstart.py): asked for (`head_start`: "auto" means on a GPU),
+        and only where its start-up is charged in its own device seconds, which the baseline's credit holds."""
+        mode = self.req.head_start
+        if self.turn is None or mode is False or (mode == "auto" and self.req.device != "cuda"):
+            return False
+        if self.req.device == "cuda":
+            return self.meter is not None and credit.gpu is not None
+        return credit.cpu is not None
+
+    def early(self) -> bool:
+        """Asked while another run holds the GPU: whether its window is within one start-up of its end and, on a
+        GPU, whether the memory holds this start-up beside it."""
+        end, now = self.turn.window_end, time.time()
+        if not headstart.due(now, end, headstart.lead(self.turn.startups)):
+            return False
+        if self.req.device == "cuda":
+            pids = self.turn.holder_pids() if self.turn.holder_pids else set()
+            self.memory_seen = self.meter.memory(pids) if pids else None
+            if self.memory_seen is None or not headstart.fits(*self.memory_seen, cap=self.memory_cap()):
+                return False
+        self.early_by = end - now
+        return True
+
+    def memory_cap(self) -> int | None:
+        """The emulated card's size (AR_GPU_MEMORY_GB), in bytes, or None."""
+        value = {**os.environ, **self.req.slot_env}.get("AR_GPU_MEMORY_GB")
+        try:
+            return int(float(value) * 2**30) if value else None
+        except ValueError:
+            return None
+
+    def wait_turn(self) -> bool:
+        """The feed's first request: a run that took a head start waits here for its turn (the window opens
+        after, and the wait is not its start-up's); False when the session stops or the run is being closed."""
+        if self.taken or self.turn is None:
+            return True
+        t = time.monotonic()
+        self.taken = self.turn.take(self, cancel=self.closing) == "turn"
+        self.turn_wait = time.monotonic() - t
+        return self.taken
+
     def gate(self, proc=None) -> bool:
         """Wait for the launcher's trusted start-up, then for the baseline and the GPU; then start the clock and
         let it run the script. A launcher that dies first goes on at once (its exit is the run's result)."""
@@ -302,12 +352,14 @@ class TrainingRun:
                 return False
             if self.reseed:
                 self.seeded_late = seed_compile_cache(self.req, self.ws, new_only=True)
-        if self.turn is not None:
-            if not self.turn.take():
-                return False
-            self.taken = True
-        self.gone = True
         self.credit = self.credit_now()           # what the baseline left by now (it may have just trained)
+        if self.turn is not None:
+            how = self.turn.take(self, early=self.early if self.may_start_early(self.credit) else None,
+                                 cancel=self.closing)
+            if how is None:
+                return False
+            self.taken = how == "turn"
+        self.gone = True
         if proc is not None:
             self.cpu0 = tree_cpu(proc) or 0.0
         self.t0, self.t0_wall = time.monotonic(), time.time()
@@ -369,6 +421,7 @@ class TrainingRun:
         return self.outcome(result, spawned)
 
     def close(self) -> None:
+        self.closing.set()
         self.sampled.set()
         if self.meter is not None:
             self.meter.stop()
@@ -380,8 +433,8 @@ class TrainingRun:
                 os.close(fd)
         if self.feed is not None:
             self.feed.close()
-        if self.taken:
-            self.turn.give_back()
+        if self.turn is not None and self.gone:
+            self.turn.give_back(self)          # the GPU, or the place a head start kept
 
     def timeline(self, result: RunResult, written: float | None) -> clock.Timeline:
         """What ar saw, in seconds from its clock's start (clock.verdict's input)."""
@@ -408,9 +461,10 @@ class TrainingRun:
                   "feed_refused": feed.refused if feed is not None else 0,
                   "feed_tokens": feed.tokens_served if feed is not None else 0,     # ar's count: epochs trained
                   "train_tokens": len(feed.tokens) if feed is not None else 0,
-                  "cache_seeded_late": self.seeded_late}
+                  "cache_seeded_late": self.seeded_late, "head_start": self.early_by, "turn_wait": self.turn_wait,
+                  "memory_seen": list(self.memory_seen) if self.memory_seen else None}
         used, _, why = self.start_cost
-        return TrainOutcome(result, opened_at - t0 if opened_at is not None else None, v.trained, v.interval,
+        return TrainOutcome(result, opened_at - t0 - self.turn_wait if opened_at is not None else None, v.trained, v.interval,
                             v.over, self.req.sandbox, started_at=t0, window_start=opened_at,
                             checkpoint_at=written, phases=phases, startup_cpu=used, tail_cpu=v.tail_cpu,
                             finish=v.finish,

@@ -44,6 +44,8 @@ class RunRequest:
     objective: Objective = VAL_BPB        # a custom one: gate + command instead of train.py + the evaluator
     trusted_code: bool = False            # what this run compiles may join the compile store (compile_cache.py)
     compile_store: Path | None = None     # copied into the run's scratch cache before it starts; None: cold
+    head_start: bool | str = "auto"       # slots taking turns on a GPU: start beside the running window's last
+                                          # seconds (headstart.py); "auto": on a GPU
 
     @property
     def device(self) -> str:

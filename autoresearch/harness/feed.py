@@ -7,7 +7,8 @@ training window with the first batch it serves.
 has only meta.json and tokenizer.json), packs rows with the same best-fit packer and seed as a PackedLoader over
 the files would, and answers one request at a time. The first request opens the window: its deadline is that
 moment + the budget − a penalty `on_open()` returns (start-up beyond what the baseline's allows: see
-experiment/clock.py). From the deadline on it serves nothing. So nothing trains on real data before the clock,
+experiment/clock.py). A run that started beside another's window (experiment/headstart.py) has its first request
+held until `before_open()` says the GPU is its own; the window opens after that wait. From the deadline on it serves nothing. So nothing trains on real data before the clock,
 every run gets the same window whatever its start-up took, and compute moved before the window can use only
 what else the run can read.
 
@@ -42,12 +43,14 @@ class Feed:
     the window's times are read (anything with time(); tests pass one they move)."""
 
     def __init__(self, tok_dir: Path, *, seed: int, budget: float,
-                 on_open: Callable[[], float] | None = None, clock=time):
+                 on_open: Callable[[], float] | None = None, before_open: Callable[[], bool] | None = None,
+                 clock=time):
         tok_dir = Path(tok_dir)
         check_tok_dir(tok_dir, ("train",))
         self.tokens = np.memmap(tok_dir / "train.bin", dtype=np.uint16, mode="r")
         self.offsets = np.load(tok_dir / "train.idx.npy")
         self.seed, self.budget, self.on_open, self.clock = seed, float(budget), on_open, clock
+        self.before_open = before_open             # blocks until the window may open; False: it never will
         self.opened_at: float | None = None       # wall clock: the first batch was asked for
         self.deadline: float | None = None
         self.penalty = 0.0                         # seconds taken off the window (on_open's answer)
@@ -102,6 +105,9 @@ class Feed:
                 rows, row_len = REQUEST.unpack(req)
                 if rows < 1 or row_len < 2 or rows * row_len > MAX_TOKENS:
                     self._sock.shutdown(socket.SHUT_RDWR)   # a broken request: the run's read sees the end now
+                    return
+                if self.opened_at is None and self.before_open is not None and not self.before_open():
+                    self._sock.shutdown(socket.SHUT_RDWR)   # the session is stopping: no window for this run
                     return
                 now = self.clock.time()
                 if self.opened_at is None:

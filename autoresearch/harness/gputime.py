@@ -119,6 +119,20 @@ class GpuMeter:
             return sum(charged_seconds(got, self.pids, self.gone, sample_period(t for _, t, _ in got))
                        for got in self.samples)
 
+    def memory(self, pids: set[int]) -> tuple[int, int, int] | None:
+        """(free, total, held by `pids`) bytes on the GPU where `pids` hold memory; None where none of them does
+        or the driver does not say (then nothing may be started beside them: experiment/headstart.py)."""
+        for h in self.handles:
+            try:
+                held = sum(p.usedGpuMemory or 0 for p in self.nv.nvmlDeviceGetComputeRunningProcesses(h)
+                           if p.pid in pids)
+                if held:
+                    info = self.nv.nvmlDeviceGetMemoryInfo(h)
+                    return int(info.free), int(info.total), int(held)
+            except self.nv.NVMLError:
+                continue
+        return None
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -521,7 +521,8 @@ class Loop:
                 3 if self.profile.name == "gpu" else 0),
             max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
             objective=self.cfg.objective, trusted_code=x.trusted_code,
-            compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None)
+            compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None,
+            head_start=self.cfg.head_start)
 
     # --------------------------------------------------------------------------------------- helpers
     @property

@@ -1,0 +1,48 @@
+"""The head start: where slots take turns on one GPU, the next run's start-up runs beside the last seconds of the
+running window instead of after it.
+
+Without it the GPU idles through each run's own start-up (the proposal's imports, its model, its compile from the
+store and its warm-up steps: 7–9 s on an H100), because "go" waits for the turn. With it, the runner writes "go"
+when the running window has about one start-up left (`lead`): ar's clock starts there, and ar's feed holds the run's
+first batch until the turn is really its own (the other run has exited). What keeps that fair:
+- the training split reaches a run only through the feed, so nothing of it is trained on before the turn;
+- the start-up is charged as every start-up is (clock.py): in GPU seconds of the run's own processes from "go"
+  (the driver tells processes apart, so the neighbour's are not its), or CPU seconds on the CPU; its wall time
+  less the wait for its turn. It is given only where that charge is read, never under the wall-clock rule, where
+  the wait could hide work;
+- at most `LEAD_CAP` seconds early, so what a start-up can take from the neighbour's window is bounded by that
+  overlap (an honest warm start-up uses about 0.3 GPU-s of it: its warm-up steps), and paid from its own window
+  beyond the allowance;
+- only where the GPU's memory holds both: its free memory must hold the running run's again and the evaluator's
+  workers (a warm-up allocates what a window holds; an out-of-memory in the neighbour's evaluation would lose
+  its result). `AR_GPU_MEMORY_GB` (an emulated smaller card) counts as the card's size.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+LEAD_CAP = 15.0             # seconds: the most a run starts before the running window's end
+MEMORY_FACTOR = 1.1         # the next run's start-up may take what the running run holds (its warm-up steps) ...
+EVAL_ROOM = 8 * 2**30       # ... + the evaluator's two model workers (logits buffers of 2 GiB each, activations)
+
+
+def lead(startups: Sequence[float]) -> float | None:
+    """How long before the running window's end the next run starts: the median of the last three start-ups on
+    this GPU (go → first batch asked, less any wait for the turn), at most LEAD_CAP; None before any."""
+    recent = [s for s in startups[-3:] if s >= 0]
+    return min(LEAD_CAP, statistics.median(recent)) if recent else None
+
+
+def due(now: float, window_end: float | None, lead_s: float | None) -> bool:
+    """Whether a run may start now beside a window that closes at `window_end` (wall clock; None: not open)."""
+    return window_end is not None and lead_s is not None and now >= window_end - lead_s
+
+
+def fits(free: int, total: int, held: int, cap: int | None = None) -> bool:
+    """Whether a start-up fits beside a run holding `held` bytes on a GPU with `free` of `total` bytes free;
+    `cap`: the card's emulated size (the rest of the real card counts as taken)."""
+    if cap is not None and cap < total:
+        free -= total - cap
+    return free >= MEMORY_FACTOR * held + EVAL_ROOM

@@ -1,0 +1,102 @@
+"""The head start (experiment/headstart.py, executors/local.GpuTurn): when the next run on a shared GPU may start
+beside the running window's last seconds, as tables; the turn's order with a run that started early, with real
+threads. The loop with it on the CPU: tests/test_parallel.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from autoresearch.executors.local import GpuTurn
+from autoresearch.experiment import headstart
+
+pytestmark = pytest.mark.fast
+GiB = 2**30
+
+
+@pytest.mark.parametrize("startups, expect", [
+    ([], None),                          # no start-up seen on this GPU yet: no head start
+    ([4.0], 4.0),
+    ([3.0, 9.0, 5.0], 5.0),              # the median of the last three
+    ([1.0, 2.0, 50.0, 3.0, 4.0], 4.0),   # one cold compile among them moves nothing
+    ([40.0, 38.0, 41.0], headstart.LEAD_CAP),   # never more than the cap ahead
+    ([-1.0], None),
+])
+def test_the_lead_is_the_recent_start_up_capped(startups, expect):
+    assert headstart.lead(startups) == expect
+
+
+@pytest.mark.parametrize("now, end, lead, expect", [
+    (100.0, None, 5.0, False),           # the holder's window has not opened: its end is unknown
+    (100.0, 110.0, None, False),         # no start-up measured yet
+    (100.0, 110.0, 5.0, False),          # more than one start-up left
+    (105.0, 110.0, 5.0, True),
+    (112.0, 110.0, 5.0, True),           # past its end (the holder is saving): go
+])
+def test_a_run_is_due_one_start_up_before_the_window_ends(now, end, lead, expect):
+    assert headstart.due(now, end, lead) is expect
+
+
+@pytest.mark.parametrize("free, total, held, cap, expect", [
+    (52 * GiB, 80 * GiB, 28 * GiB, None, True),      # an H100 at 2**19: room for another 28 GiB + the evaluator
+    (36 * GiB, 80 * GiB, 28 * GiB, None, False),     # the evaluator's workers already took some
+    (115 * GiB, 141 * GiB, 26 * GiB, None, True),    # an H200
+    (14 * GiB, 32 * GiB, 15 * GiB, None, False),     # an RTX 5090 at 2**19: a second window does not fit
+    (52 * GiB, 80 * GiB, 15 * GiB, 32 * GiB, False),  # the same, emulated on an H100 (AR_GPU_MEMORY_GB=32)
+    (70 * GiB, 80 * GiB, 3 * GiB, 32 * GiB, True),   # a small model fits the emulated card twice
+])
+def test_a_head_start_needs_the_memory_of_another_window_and_the_evaluator(free, total, held, cap, expect):
+    assert headstart.fits(free, total, held, cap) is expect
+
+
+def _in_thread(fn):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_run_that_started_early_keeps_its_place_before_one_that_waits():
+    turn, a, b, c = GpuTurn(threading.Event()), "a", "b", "c"
+    assert turn.take(a) == "turn"
+    turn.opened(a, 123.0, lambda: {1})
+    assert turn.window_end == 123.0
+    assert turn.take(b, early=lambda: True) == "early"
+    tc, got_c = _in_thread(lambda: turn.take(c, early=lambda: True))   # only one run goes early at a time
+    tc.join(0.5)
+    assert tc.is_alive()
+    turn.give_back(a)
+    tc.join(0.5)
+    assert tc.is_alive() and turn.holder is None               # the GPU is free, but it is b's next
+    assert turn.take(b) == "turn" and turn.window_end is None  # b's first batch: the turn is b's at once
+    turn.give_back(b)
+    tc.join(2)
+    assert got_c == ["turn"]
+
+
+def test_a_run_that_started_early_and_ends_before_its_turn_gives_its_place_up():
+    turn, cancel = GpuTurn(threading.Event()), threading.Event()
+    assert turn.take("a") == "turn"
+    assert turn.take("b", early=lambda: True) == "early"
+    tb, got_b = _in_thread(lambda: turn.take("b", cancel=cancel))   # its first batch, waiting
+    cancel.set()                                                    # its process is gone: the run closes
+    tb.join(2)
+    assert got_b == [None] and turn.next is None
+    turn.give_back("b")                        # what the run does when it closes: nothing of a's is touched
+    assert turn.holder == "a"
+    turn.give_back("a")
+    assert turn.take("c") == "turn"
+
+
+def test_no_head_start_is_offered_while_early_says_no_and_none_once_the_session_stops():
+    stopping = threading.Event()
+    turn = GpuTurn(stopping)
+    assert turn.take("a") == "turn"
+    asked = []
+    tb, got_b = _in_thread(lambda: turn.take("b", early=lambda: asked.append(1) or False))
+    tb.join(0.5)
+    assert tb.is_alive() and len(asked) >= 2                  # asked again and again while it waits
+    stopping.set()
+    tb.join(2)
+    assert got_b == [None] and turn.next is None and turn.holder == "a"
