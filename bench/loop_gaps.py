@@ -59,8 +59,8 @@ def table(tag_dir: Path) -> dict:
             ("window", "window_start", "window_end"), ("last step + save", "window_end", "checkpoint"),
             ("exit", "checkpoint", "process_exit"), ("eval", "eval_start", "eval_done")]
     lines = ["| exp | status | trusted | seeded MB | " + " | ".join(c[0] for c in cols)
-             + " | window % of budget | start-up CPU s | tok/s | GPU idle gap |",
-             "|" + " --- |" * (len(cols) + 8)]
+             + " | window % of budget | start-up CPU s | head start s | turn wait s | tok/s | GPU idle gap |",
+             "|" + " --- |" * (len(cols) + 10)]
     budget = lambda d: float(d["row"].get("time_budget") or 0) or None          # noqa: E731
     for d in exps:
         r = d["row"]
@@ -71,6 +71,7 @@ def table(tag_dir: Path) -> dict:
                      f"{d.get('cache_seeded_bytes', 0) / 2**20:.0f} | "
                      + " | ".join("–" if c is None else f"{c:.1f}" for c in cells)
                      + f" | {share} | {'–' if cpu is None else f'{cpu:.1f}'}"
+                     + "".join(f" | {'–' if d.get(k) is None else f'{d[k]:.1f}'}" for k in ("head_start", "turn_wait"))
                      + f" | {r.get('tokens_per_s') or '–'} | "
                      + ("–" if d.get("gap") is None else f"{d['gap']:.1f}" + (" (eval overlapped)" if d.get(
                          "eval_overlaps_window") else "")) + " |")
@@ -84,6 +85,10 @@ def table(tag_dir: Path) -> dict:
                "window_share": [d["metrics"]["window_seconds"] / budget(d) for d in exps
                                 if d["metrics"].get("window_seconds") is not None and budget(d)],
                "startup_cpu": [d["metrics"].get("startup_cpu") for d in exps],
+               # a head start (experiment/headstart.py): "go" this long before the other window's end, then the
+               # first batch waited this long for the turn; the GPU memory (free, total, the other run's) then
+               "head_start": [d.get("head_start") for d in exps], "turn_wait": [d.get("turn_wait") for d in exps],
+               "memory_seen": [d.get("memory_seen") for d in exps],
                "transfer": [d.get("transfer") for d in exps],
                "eval_after_go": [d.get("eval_after_go") for d in exps],
                "fresh_seconds": [d.get("fresh_seconds") for d in exps],
