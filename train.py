@@ -517,6 +517,11 @@ def setup_device(env: RunEnv):
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
         return torch.device("cpu"), "cpu", None
     device = torch.device("cuda")
+    # AOTAutograd's compile cache skips a graph holding an autograd.Function unless told it is safe; ours are plain
+    # tensor code, and without this every warm start traces the model's joint graph again (seconds, GPU idle)
+    import torch._functorch.config as functorch_config
+    if hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
+        functorch_config.autograd_cache_allow_custom_autograd_functions = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     total = torch.cuda.get_device_properties(0).total_memory

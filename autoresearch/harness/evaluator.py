@@ -733,6 +733,16 @@ def _run(req: dict, zygote: Zygote, release: Release, cache: dict) -> None:
     _write(req.get("private"), result["private"])
 
 
+def _free_gpu_cache() -> None:
+    """Between evaluations the server holds no GPU memory it does not need: its scoring's cached blocks (gigabytes
+    at the GPU's shape) would otherwise stay taken, and the next run's head start on a shared GPU needs the room
+    (experiment/headstart.py)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+        torch.cuda.ipc_collect()
+
+
 def serve() -> int:
     """A session's evaluator: one request (a JSON line) at a time; "prestart ID", "go ID" / "stop ID"; "done ID"."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))     # ar's stop: the finally below still runs
@@ -745,6 +755,7 @@ def serve() -> int:
             req = json.loads(line)
             release = Release(req["id"], sys.stdin.readline)
             _run(req, zygote, release, cache)
+            _free_gpu_cache()
             while not release.settled:   # rejected before the run ended (changed data): its go/stop still comes
                 release._next()
             print(f"done {req['id']}", flush=True)
