@@ -95,7 +95,7 @@ def test_no_head_start_is_offered_while_early_says_no_and_none_once_the_session_
     assert turn.take("a") == "turn"
     asked = []
     tb, got_b = _in_thread(lambda: turn.take("b", early=lambda: asked.append(1) or False))
-    tb.join(0.5)
+    tb.join(1.0)
     assert tb.is_alive() and len(asked) >= 2                  # asked again and again while it waits
     stopping.set()
     tb.join(2)

@@ -352,14 +352,14 @@ class TrainingRun:
                 return False
             if self.reseed:
                 self.seeded_late = seed_compile_cache(self.req, self.ws, new_only=True)
-        self.credit = self.credit_now()           # what the baseline left by now (it may have just trained)
         if self.turn is not None:
-            how = self.turn.take(self, early=self.early if self.may_start_early(self.credit) else None,
+            how = self.turn.take(self, early=self.early if self.may_start_early(self.credit_now()) else None,
                                  cancel=self.closing)
             if how is None:
                 return False
             self.taken = how == "turn"
         self.gone = True
+        self.credit = self.credit_now()           # what the baseline left by now (it may have just trained)
         if proc is not None:
             self.cpu0 = tree_cpu(proc) or 0.0
         self.t0, self.t0_wall = time.monotonic(), time.time()
@@ -464,10 +464,10 @@ class TrainingRun:
                   "cache_seeded_late": self.seeded_late, "head_start": self.early_by, "turn_wait": self.turn_wait,
                   "memory_seen": list(self.memory_seen) if self.memory_seen else None}
         used, _, why = self.start_cost
-        return TrainOutcome(result, opened_at - t0 - self.turn_wait if opened_at is not None else None, v.trained, v.interval,
-                            v.over, self.req.sandbox, started_at=t0, window_start=opened_at,
-                            checkpoint_at=written, phases=phases, startup_cpu=used, tail_cpu=v.tail_cpu,
-                            finish=v.finish,
+        startup = opened_at - t0 - self.turn_wait if opened_at is not None else None     # a head start's wait is not it
+        return TrainOutcome(result, startup, v.trained, v.interval, v.over, self.req.sandbox, started_at=t0,
+                            window_start=opened_at, checkpoint_at=written, phases=phases, startup_cpu=used,
+                            tail_cpu=v.tail_cpu, finish=v.finish,
                             window=(feed.deadline - opened_at) if opened_at is not None else None, window_note=why,
                             startup_gpu=self.startup_gpu)
 
