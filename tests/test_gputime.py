@@ -76,6 +76,18 @@ class NvmlStandIn:
             raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
         return new
 
+    procs: dict = {}                  # GPU -> {pid: bytes}: what nvmlDeviceGetComputeRunningProcesses lists
+    memory: dict = {}                 # GPU -> (free, total) bytes
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if self.refuse:
+            raise self.NVMLError(self.refuse)
+        return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs.get(handle, {}).items()]
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        free, total = self.memory[handle]
+        return types.SimpleNamespace(free=free, total=total, used=total - free)
+
 
 def test_the_meter_counts_the_runs_processes_as_they_come_and_skips_what_came_before():
     nv = NvmlStandIn()
@@ -149,3 +161,20 @@ def test_a_helper_that_exits_before_the_first_batch_is_charged_what_the_driver_d
     listed -= {11, 12}
     assert meter.seconds() == pytest.approx((3.0 - 0.2 + 0.2) + 0.1 + 0.2)
     meter.stop()
+
+
+@pytest.mark.parametrize("procs, refuse, pids, expect", [
+    ({1: {7: 20, 8: 9, 99: 5}}, None, {7, 8}, (40, 100, 29)),   # the GPU the processes are on, their bytes summed
+    ({0: {99: 5}, 1: {7: 20}}, None, {7}, (40, 100, 20)),       # another process on GPU 0 is not theirs
+    ({0: {7: None}}, None, {7}, None),                           # the driver does not say how much: no reading
+    ({1: {99: 5}}, None, {7}, None),                             # none of them holds GPU memory (another pid space)
+    ({1: {7: 20}}, 4, {7}, None),                                # refused
+])
+def test_the_memory_beside_a_run_is_read_where_its_processes_are(procs, refuse, pids, expect):
+    """What the head start weighs (experiment/headstart.py): free and total bytes of the GPU the running run is on,
+    and what its processes hold there; None where that cannot be said (then there is no head start)."""
+    nv = NvmlStandIn(gpus=2)
+    nv.procs, nv.memory = procs, {0: (70, 100), 1: (40, 100)}
+    meter, _ = gputime.open_meter(nv)
+    nv.refuse = refuse
+    assert meter.memory(pids) == expect

@@ -129,7 +129,7 @@ class GpuMeter:
                 if held:
                     info = self.nv.nvmlDeviceGetMemoryInfo(h)
                     return int(info.free), int(info.total), int(held)
-            except self.nv.NVMLError:
+            except (self.nv.NVMLError, AttributeError):     # refused, or bindings without these calls
                 continue
         return None
 
