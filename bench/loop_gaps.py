@@ -89,6 +89,7 @@ def table(tag_dir: Path) -> dict:
                # first batch waited this long for the turn; the GPU memory (free, total, the other run's) then
                "head_start": [d.get("head_start") for d in exps], "turn_wait": [d.get("turn_wait") for d in exps],
                "memory_seen": [d.get("memory_seen") for d in exps],
+               "window_extended": [d.get("window_extended") for d in exps],   # given back beside a head start
                "transfer": [d.get("transfer") for d in exps],
                "eval_after_go": [d.get("eval_after_go") for d in exps],
                "fresh_seconds": [d.get("fresh_seconds") for d in exps],

@@ -95,3 +95,32 @@ def test_a_head_started_runs_first_batch_waits_for_its_turn_and_the_window_opens
     finally:
         client.close()
         feed.close()
+
+
+def test_the_window_beside_a_head_start_is_lengthened_by_what_that_start_up_used(tiny_dataset):
+    """experiment/headstart.py: the neighbour that started early has used `lent` GPU seconds so far; this window
+    gets them back at its end. Read every EXTENSION_EVERY seconds, never shortened, at most the cap."""
+    from autoresearch.harness.feed import EXTENSION_EVERY
+    clock = ManualClock(wall=3_000_000.0)
+    lent = [0.0]
+    feed = Feed(tiny_dataset.tok_dir, seed=42, budget=10.0, on_open=lambda: 1.0, extension=lambda: lent[0],
+                extension_cap=5.0, clock=clock)
+    client = FeedClient(feed.child_fd)
+    feed.child_fd = None
+    try:
+        opened = clock.time()
+        assert client.fetch(2, 65) is not None and client.deadline == pytest.approx(opened + 9.0)
+        for at, used, deadline in [(8.0, 0.3, 9.3),        # an honest warm-up's GPU seconds
+                                   (8.0 + EXTENSION_EVERY / 2, 2.0, 9.3),   # not read again so soon
+                                   (8.5, 2.0, 11.0),
+                                   (9.0, 1.0, 11.0),       # a reading that falls takes nothing back
+                                   (10.0, 9.0, 14.0)]:     # at most the cap (the lead's)
+            clock.advance(opened + at - clock.time())
+            lent[0] = used
+            assert client.fetch(2, 65) is not None, at
+            assert client.deadline == pytest.approx(opened + deadline), at
+        clock.advance(opened + 14.0 - clock.time())
+        assert client.fetch(2, 65) is None and feed.extended == 5.0
+    finally:
+        client.close()
+        feed.close()

@@ -100,3 +100,15 @@ def test_no_head_start_is_offered_while_early_says_no_and_none_once_the_session_
     stopping.set()
     tb.join(2)
     assert got_b == [None] and turn.next is None and turn.holder == "a"
+
+
+def test_the_holder_reads_what_the_run_that_started_early_has_used_until_that_run_takes_the_turn():
+    turn = GpuTurn(threading.Event())
+    assert turn.take("a") == "turn" and turn.lent() == 0.0             # nobody beside it
+    turn.started_early("b", lambda: 1.5)
+    assert turn.lent() == 0.0                                          # b has not started early: nothing to read
+    assert turn.take("b", early=lambda: True) == "early"
+    turn.started_early("b", lambda: 1.5)
+    assert turn.lent() == 1.5
+    turn.give_back("a")
+    assert turn.take("b") == "turn" and turn.lent() == 0.0             # b's own window now: nothing lent to it

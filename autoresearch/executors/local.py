@@ -47,6 +47,7 @@ class GpuTurn:
         self.window_end: float | None = None      # wall clock: the holder's window closes
         self.holder_pids = None                   # () -> the holder's process ids
         self.startups: list[float] = []           # each run's start-up here, go → first batch, less its wait
+        self.next_used = None                     # () -> GPU seconds the run that started early has used
 
     def take(self, who=None, early=None, cancel: threading.Event | None = None) -> str | None:
         """Wait for the GPU: "turn" once it is `who`'s, "early" when `early()` allows a start beside the holder,
@@ -56,14 +57,27 @@ class GpuTurn:
             while not self.stopping.is_set() and not (cancel is not None and cancel.is_set()):
                 if self.holder is None and self.next in (None, who):
                     self.holder, self.next, self.window_end, self.holder_pids = who, None, None, None
+                    self.next_used = None
                     return "turn"
                 if early is not None and self.holder is not None and self.next is None and early():
                     self.next = who
                     return "early"
                 self._cv.wait(0.2)
             if self.next is who:
-                self.next = None
+                self.next, self.next_used = None, None
             return None
+
+    def started_early(self, who, used) -> None:
+        """The run that started early says how its GPU seconds are read (the holder's window gets them back)."""
+        with self._cv:
+            if self.next is who:
+                self.next_used = used
+
+    def lent(self) -> float:
+        """GPU seconds the run that started early beside the holder has used so far (0 without one)."""
+        with self._cv:
+            used = self.next_used
+        return float(used()) if used is not None else 0.0
 
     def opened(self, who, window_end: float, pids) -> None:
         with self._cv:
@@ -76,7 +90,7 @@ class GpuTurn:
             if self.holder is not None and (who is None or self.holder is who):
                 self.holder, self.window_end, self.holder_pids = None, None, None
             if who is not None and self.next is who:
-                self.next = None
+                self.next, self.next_used = None, None
             self._cv.notify_all()
 
 

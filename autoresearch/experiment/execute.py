@@ -238,7 +238,9 @@ class TrainingRun:
         self.sampled = threading.Event()
         self.go_r = self.go_w = None
         self.feed = (Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=self.opened,
-                          before_open=self.wait_turn if turn is not None else None) if req.tok_dir else None)
+                          before_open=self.wait_turn if turn is not None else None,
+                          extension=self.lent if turn is not None and req.device == "cuda" else None,
+                          extension_cap=headstart.LEAD_CAP) if req.tok_dir else None)
 
     def command(self) -> list[str]:
         cmd = list(self.req.train_command)
@@ -328,6 +330,12 @@ class TrainingRun:
         except ValueError:
             return None
 
+    def lent(self) -> float:
+        """While this run holds the GPU: what a run that started early beside its window has used of the GPU (its
+        own meter), added to this window (harness/feed.py): a start-up that takes the GPU from its neighbour gives
+        the neighbour's window nothing less, and pays past its allowance from its own."""
+        return self.turn.lent() if self.taken else 0.0
+
     def wait_turn(self) -> bool:
         """The feed's first request: a run that took a head start waits here for its turn (the window opens
         after, and the wait is not its start-up's); False when the session stops or the run is being closed."""
@@ -364,6 +372,8 @@ class TrainingRun:
             self.cpu0 = tree_cpu(proc) or 0.0
         self.t0, self.t0_wall = time.monotonic(), time.time()
         self.metering()
+        if self.turn is not None and not self.taken and self.meter is not None:
+            self.turn.started_early(self, self.meter.seconds)
         if self.go_w is not None:
             try:
                 os.write(self.go_w, b"go\n")
@@ -462,6 +472,7 @@ class TrainingRun:
                   "feed_tokens": feed.tokens_served if feed is not None else 0,     # ar's count: epochs trained
                   "train_tokens": len(feed.tokens) if feed is not None else 0,
                   "cache_seeded_late": self.seeded_late, "head_start": self.early_by, "turn_wait": self.turn_wait,
+                  "window_extended": feed.extended if feed is not None else 0.0,
                   "memory_seen": list(self.memory_seen) if self.memory_seen else None}
         used, _, why = self.start_cost
         startup = opened_at - t0 - self.turn_wait if opened_at is not None else None     # a head start's wait is not it

@@ -10,9 +10,10 @@ first batch until the turn is really its own (the other run has exited). What ke
   (the driver tells processes apart, so the neighbour's are not its), or CPU seconds on the CPU; its wall time
   less the wait for its turn. It is given only where that charge is read, never under the wall-clock rule, where
   the wait could hide work;
-- at most `LEAD_CAP` seconds early, so what a start-up can take from the neighbour's window is bounded by that
-  overlap (an honest warm start-up uses about 0.3 GPU-s of it: its warm-up steps), and paid from its own window
-  beyond the allowance;
+- at most `LEAD_CAP` seconds early; on a GPU the neighbour's window is lengthened by the GPU seconds the start-up
+  has used beside it (harness/feed.py, at most `LEAD_CAP`), so a start-up that takes the GPU from its neighbour
+  leaves it no shorter a window (an honest warm start-up uses about 0.3 GPU-s: its warm-up steps), and pays past
+  its allowance from its own;
 - only where the GPU's memory holds both: its free memory must hold the running run's again and the evaluator's
   workers (a warm-up allocates what a window holds; an out-of-memory in the neighbour's evaluation would lose
   its result). `AR_GPU_MEMORY_GB` (an emulated smaller card) counts as the card's size.

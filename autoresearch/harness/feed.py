@@ -8,7 +8,9 @@ has only meta.json and tokenizer.json), packs rows with the same best-fit packer
 the files would, and answers one request at a time. The first request opens the window: its deadline is that
 moment + the budget − a penalty `on_open()` returns (start-up beyond what the baseline's allows: see
 experiment/clock.py). A run that started beside another's window (experiment/headstart.py) has its first request
-held until `before_open()` says the GPU is its own; the window opens after that wait. From the deadline on it serves nothing. So nothing trains on real data before the clock,
+held until `before_open()` says the GPU is its own; the window opens after that wait. The window of the run beside it
+is lengthened by what `extension()` says that start-up has used of the GPU so far (read every `EXTENSION_EVERY`
+seconds, never shortened, at most `extension_cap`): what it lost to its neighbour, it gets back at its end. From the deadline on it serves nothing. So nothing trains on real data before the clock,
 every run gets the same window whatever its start-up took, and compute moved before the window can use only
 what else the run can read.
 
@@ -36,6 +38,7 @@ REQUEST = struct.Struct("<II")
 REPLY = struct.Struct("<BddIQ")
 ROWS, CLOSED = 0, 1
 MAX_TOKENS = 1 << 25            # one reply at most 64 MiB: a request beyond it is a broken client
+EXTENSION_EVERY = 0.25          # seconds between reads of `extension()` (a driver read, off the data path)
 
 
 class Feed:
@@ -44,13 +47,16 @@ class Feed:
 
     def __init__(self, tok_dir: Path, *, seed: int, budget: float,
                  on_open: Callable[[], float] | None = None, before_open: Callable[[], bool] | None = None,
-                 clock=time):
+                 extension: Callable[[], float] | None = None, extension_cap: float = 0.0, clock=time):
         tok_dir = Path(tok_dir)
         check_tok_dir(tok_dir, ("train",))
         self.tokens = np.memmap(tok_dir / "train.bin", dtype=np.uint16, mode="r")
         self.offsets = np.load(tok_dir / "train.idx.npy")
         self.seed, self.budget, self.on_open, self.clock = seed, float(budget), on_open, clock
         self.before_open = before_open             # blocks until the window may open; False: it never will
+        self.extension, self.extension_cap = extension, float(extension_cap)
+        self.extended = 0.0                        # seconds added to the window (a neighbour's head start)
+        self._extension_read = -1e18
         self.opened_at: float | None = None       # wall clock: the first batch was asked for
         self.deadline: float | None = None
         self.penalty = 0.0                         # seconds taken off the window (on_open's answer)
@@ -113,6 +119,11 @@ class Feed:
                 if self.opened_at is None:
                     self.penalty = max(0.0, float(self.on_open() if self.on_open else 0.0))
                     self.opened_at, self.deadline = now, now + self.budget - self.penalty
+                if self.extension is not None and now - self._extension_read >= EXTENSION_EVERY:
+                    self._extension_read = now
+                    more = min(self.extension_cap, max(self.extended, float(self.extension())))
+                    self.deadline += more - self.extended
+                    self.extended = more
                 if now >= self.deadline:
                     self.refused += 1
                     self._sock.sendall(REPLY.pack(CLOSED, self.deadline, self.opened_at, 0, 0))
