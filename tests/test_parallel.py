@@ -281,8 +281,9 @@ def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_wind
     a GPU's compile takes seconds: the lead, then, is seconds. 7-s windows: the next run's launcher (torch's
     import, 2-4 s on a busy 2-core machine) is ready one start-up before the other's window ends."""
     root = make_repo(tmp_path, START_DELAY=1.5)
+    said: list[str] = []
     lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=7.0, head_start=True, startup_allowance=60.0), root, "t",
-                      executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]))
+                      executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]), on_event=lambda e: said.append(e.message))
     with lp:
         for lr in (1.5, 0.8):
             lp.enqueue_knobs({"LR_MULT": lr})
@@ -290,6 +291,7 @@ def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_wind
         lp.run()
     rows = sorted(assert_consistent(root), key=lambda r: r.exp_id)
     assert len(rows) == 4
+    assert any("(head_start)" in (m or "") for m in said), said       # the session says it at its start
     timing = [_timing(root, r) for r in rows]
     metrics = [json.loads((root / "runs" / "t" / f"{r.exp_id:04d}-{r.commit}" / "metrics.json").read_text())
                for r in rows]

@@ -185,9 +185,14 @@ class Loop:
                                     slots=[slot_fields(s) for s in self.slots], budget=self.session_budget(),
                                     noise=self.noise)
         if self.multi:
+            gpus = [s.gpu for s in self.slots if s.gpu is not None]
+            shared = self.executor.name == "local" and len(set(gpus)) < len(gpus)
+            head = self.cfg.head_start is True or (self.cfg.head_start == "auto" and self.profile.name == "gpu")
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
                      f"{self.executor.name} executor; a win on a stale parent is "
-                     f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}")
+                     f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}"
+                     + ("; on a shared GPU the next run starts in the running window's last seconds where the "
+                        "memory holds both and its GPU time is read (head_start)" if shared and head else ""))
 
     def _release_lock(self) -> None:
         if self._owns_lock:
