@@ -112,3 +112,11 @@ def test_the_holder_reads_what_the_run_that_started_early_has_used_until_that_ru
     assert turn.lent() == 1.5
     turn.give_back("a")
     assert turn.take("b") == "turn" and turn.lent() == 0.0             # b's own window now: nothing lent to it
+
+
+@pytest.mark.parametrize("extended, said", [(0.0, False), (0.3, False), (1.0, True), (14.9, True)])
+def test_a_row_says_when_its_window_got_a_second_or_more_back(extended, said):
+    note = headstart.given_back_note(extended)
+    assert (note is not None) is said
+    if said:
+        assert f"{extended:.1f}s past its budget" in note and "training window was" not in note   # not a short one

@@ -125,7 +125,7 @@ class TrainOutcome:
     finish: tuple[float | None, float | None] = (None, None)   # one step + the time past the window (wall, CPU)
     startup_cpu: float | None = None      # CPU seconds of the run's processes from ar's clock start to the window
     window: float | None = None           # the window it was given (the budget, less what its start-up cost)
-    window_note: str | None = None        # why that window was shorter than the budget (clock.start_up_cost)
+    window_note: str | None = None        # why that window was shorter than the budget (clock.start_up_cost), or longer
     startup_gpu: float | None = None      # GPU seconds of the run's processes from ar's clock start to the window
 
 
@@ -475,6 +475,8 @@ class TrainingRun:
                   "window_extended": feed.extended if feed is not None else 0.0,
                   "memory_seen": list(self.memory_seen) if self.memory_seen else None}
         used, _, why = self.start_cost
+        lent = headstart.given_back_note(feed.extended if feed is not None else 0.0)
+        why = f"{why}; {lent}" if why and lent else why or lent
         startup = opened_at - t0 - self.turn_wait if opened_at is not None else None     # a head start's wait is not it
         return TrainOutcome(result, startup, v.trained, v.interval, v.over, self.req.sandbox, started_at=t0,
                             window_start=opened_at, checkpoint_at=written, phases=phases, startup_cpu=used,

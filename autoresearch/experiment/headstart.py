@@ -27,6 +27,7 @@ from typing import Sequence
 LEAD_CAP = 15.0             # seconds: the most a run starts before the running window's end
 MEMORY_FACTOR = 1.1         # the next run's start-up may take what the running run holds (its warm-up steps) ...
 EVAL_ROOM = 8 * 2**30       # ... + the evaluator's two model workers (logits buffers of 2 GiB each, activations)
+SAID_FROM = 1.0             # seconds given back to a window from which its row says so (a warm-up lends about 0.3)
 
 
 def lead(startups: Sequence[float]) -> float | None:
@@ -47,3 +48,11 @@ def fits(free: int, total: int, held: int, cap: int | None = None) -> bool:
     if cap is not None and cap < total:
         free -= total - cap
     return free >= MEMORY_FACTOR * held + EVAL_ROOM
+
+
+def given_back_note(extended: float) -> str | None:
+    """What a run's row says of the seconds its window ran past its budget beside a head start, or None."""
+    if extended < SAID_FROM:
+        return None
+    return (f"its window ran {extended:.1f}s past its budget: the GPU seconds the next run's head start used beside "
+            "it, given back")
