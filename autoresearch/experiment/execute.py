@@ -203,9 +203,10 @@ class TrainingRun:
     process's exit; the process starts before it (harness/launcher.py: only trusted imports run until the turn
     is taken), or a head start before it (headstart.py: "go" in the holder's last seconds, the first batch held
     until the turn is taken). `hold`: the baseline this run waits for (scheduler.BaselineGate), before its turn
-    (or its start, without one); the run is stopped if that baseline is then not kept. `allowance`: the baseline's start-up
-    (clock.Credit), or what gives it, read when the clock starts: a run that waited for the baseline gets the
-    credit the baseline left. `near_end` is called `req.eval_prestart` seconds before the window's end."""
+    (or its start, without one); the run is stopped if that baseline is then not kept. `allowance`: the
+    baseline's start-up (clock.Credit), or what gives it, read when the clock starts: a run that waited for the
+    baseline gets the credit the baseline left. `near_end` is called `req.eval_prestart` seconds before the
+    window's end."""
 
     def __init__(self, req: RunRequest, ws: Workspace, data_files: list[Path], *, log_path: Path,
                  on_line: Callable[[str], str | None] | None = None,

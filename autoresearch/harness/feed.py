@@ -7,12 +7,14 @@ training window with the first batch it serves.
 has only meta.json and tokenizer.json), packs rows with the same best-fit packer and seed as a PackedLoader over
 the files would, and answers one request at a time. The first request opens the window: its deadline is that
 moment + the budget − a penalty `on_open()` returns (start-up beyond what the baseline's allows: see
-experiment/clock.py). A run that started beside another's window (experiment/headstart.py) has its first request
-held until `before_open()` says the GPU is its own; the window opens after that wait. The window of the run beside it
-is lengthened by what `extension()` says that start-up has used of the GPU so far (read every `EXTENSION_EVERY`
-seconds, never shortened, at most `extension_cap`): what it lost to its neighbour, it gets back at its end. From the deadline on it serves nothing. So nothing trains on real data before the clock,
+experiment/clock.py). From the deadline on it serves nothing. So nothing trains on real data before the clock,
 every run gets the same window whatever its start-up took, and compute moved before the window can use only
 what else the run can read.
+
+A run that started beside another's window (experiment/headstart.py) has its first request held until
+`before_open()` says the GPU is its own; the window opens after that wait. The window of the run beside it is
+lengthened by what `extension()` says that start-up has used of the GPU so far (read every `EXTENSION_EVERY`
+seconds, never shortened, at most `extension_cap`): what it lost to its neighbour, it gets back at its end.
 
 Wire format (little-endian): request `<II` rows, row_len; reply `<BddIQ` status (0 rows, 1 the window has
 closed), deadline (wall clock), window start (wall clock), epoch, token count, then that many uint16 ids, rows
