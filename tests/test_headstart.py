@@ -15,6 +15,14 @@ pytestmark = pytest.mark.fast
 GiB = 2**30
 
 
+@pytest.mark.parametrize("mode, device, expect", [
+    ("auto", "cuda", True), ("auto", "cpu", False),     # on the CPU the neighbour's window would share the cores
+    (True, "cpu", True), (True, "cuda", True), (False, "cuda", False),
+])
+def test_what_the_setting_asks_for(mode, device, expect):
+    assert headstart.asked(mode, device) is expect
+
+
 @pytest.mark.parametrize("startups, expect", [
     ([], None),                          # no start-up seen on this GPU yet: no head start
     ([4.0], 4.0),

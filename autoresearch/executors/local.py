@@ -49,10 +49,9 @@ class GpuTurn:
         self.startups: list[float] = []           # each run's start-up here, go → first batch, less its wait
         self.next_used = None                     # () -> GPU seconds the run that started early has used
 
-    def take(self, who=None, early=None, cancel: threading.Event | None = None) -> str | None:
+    def take(self, who, early=None, cancel: threading.Event | None = None) -> str | None:
         """Wait for the GPU: "turn" once it is `who`'s, "early" when `early()` allows a start beside the holder,
         None when stopping (or `cancel` is set)."""
-        who = who if who is not None else object()
         with self._cv:
             while not self.stopping.is_set() and not (cancel is not None and cancel.is_set()):
                 if self.holder is None and self.next in (None, who):
@@ -84,12 +83,12 @@ class GpuTurn:
             if self.holder is who:
                 self.window_end, self.holder_pids = window_end, pids
 
-    def give_back(self, who=None) -> None:
+    def give_back(self, who) -> None:
         """The run `who` is done with the GPU (or, started early, gives up its place)."""
         with self._cv:
-            if self.holder is not None and (who is None or self.holder is who):
+            if self.holder is who:
                 self.holder, self.window_end, self.holder_pids = None, None, None
-            if who is not None and self.next is who:
+            if self.next is who:
                 self.next, self.next_used = None, None
             self._cv.notify_all()
 

@@ -302,8 +302,7 @@ class TrainingRun:
     def may_start_early(self, credit: clock.Credit) -> bool:
         """Whether this run may take a head start (headstart.py): asked for (`head_start`: "auto" means on a GPU),
         and only where its start-up is charged in its own device seconds, which the baseline's credit holds."""
-        mode = self.req.head_start
-        if self.turn is None or mode is False or (mode == "auto" and self.req.device != "cuda"):
+        if self.turn is None or not headstart.asked(self.req.head_start, self.req.device):
             return False
         if self.req.device == "cuda":
             return self.meter is not None and credit.gpu is not None

@@ -30,6 +30,12 @@ EVAL_ROOM = 8 * 2**30       # ... + the evaluator's two model workers (logits bu
 SAID_FROM = 1.0             # seconds given back to a window from which its row says so (a warm-up lends about 0.3)
 
 
+def asked(mode: bool | str, device: str) -> bool:
+    """Whether the `head_start` setting asks for one on this device ("auto": on a GPU only, where the
+    neighbour's window does not share the cores). Where it is then given: TrainingRun.may_start_early."""
+    return mode is True or (mode == "auto" and device == "cuda")
+
+
 def lead(startups: Sequence[float]) -> float | None:
     """How long before the running window's end the next run starts: the median of the last three start-ups on
     this GPU (go → first batch asked, less any wait for the turn), at most LEAD_CAP; None before any."""

@@ -43,7 +43,7 @@ from autoresearch.config import RunConfig
 from autoresearch.errors import ConfigError, DataError, GitError
 from autoresearch.records.events import EventLog, slot_fields
 from autoresearch.gitops import GitRepo, branch_name, short
-from autoresearch.experiment import clock, compile_cache
+from autoresearch.experiment import clock, compile_cache, headstart
 from autoresearch.harness import gputime, sandbox
 from autoresearch.harness import data
 from autoresearch.harness.data import check_prepared
@@ -187,7 +187,7 @@ class Loop:
         if self.multi:
             gpus = [s.gpu for s in self.slots if s.gpu is not None]
             shared = self.executor.name == "local" and len(set(gpus)) < len(gpus)
-            head = self.cfg.head_start is True or (self.cfg.head_start == "auto" and self.profile.name == "gpu")
+            head = headstart.asked(self.cfg.head_start, "cuda" if self.profile.name == "gpu" else "cpu")
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
                      f"{self.executor.name} executor; a win on a stale parent is "
                      f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}"
