@@ -1,7 +1,8 @@
 """What `--gpus` means: the slots experiments run in, and the GPUs this machine has.
 
     "0,1"   GPUs 0 and 1 (CUDA_VISIBLE_DEVICES pinned per slot, a machine-wide lock per GPU)
-    "0,0"   two slots on GPU 0 that take turns training (executors/local.py: GpuTurn)
+    "0,0"   two slots on GPU 0 that take turns training (executors/local.py: GpuTurn); "0,0,0" three, for
+            short budgets, where an agent and an evaluation take longer than the other slot's window
     "all"   every GPU nvidia-smi lists
     "cpu:N" N slots without a GPU (CUDA_VISIBLE_DEVICES empty): tests, CPU-only machines, the cpu profile
     "ray:N" (Ray only) N experiments in flight on the cluster
@@ -81,8 +82,8 @@ def parse_gpus(spec: str, *, probe: bool = True, where: str = "--gpus") -> list[
     if not re.fullmatch(r"\d+(,\d+)*", spec):
         raise ConfigError(f"{where} must be GPU indices (0,1,…), all, cpu:N or ray:N, not {spec!r}")
     ids = [int(x) for x in spec.split(",")]
-    if any(ids.count(g) > 2 for g in ids):
-        raise ConfigError(f"{where}: a GPU may be listed twice at most (two slots that take turns on it)")
+    if any(ids.count(g) > 3 for g in ids):
+        raise ConfigError(f"{where}: a GPU may be listed three times at most (slots that take turns on it)")
     if probe:
         found = visible_gpus()
         missing = [g for g in ids if g not in found]

@@ -5,6 +5,7 @@ threads. The loop with it on the CPU: tests/test_parallel.py."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -81,6 +82,41 @@ def test_a_run_that_started_early_keeps_its_place_before_one_that_waits():
     turn.give_back(b)
     tc.join(2)
     assert got_c == ["turn"]
+
+
+def test_runs_that_wait_get_the_turn_and_the_head_start_in_the_order_they_asked():
+    """Three slots on one GPU: while a holds it, b then c wait; b (first in line) alone may go early, c gets the
+    turn only after b, and d, asking last, only after c, whoever wakes first."""
+    turn, order = GpuTurn(threading.Event()), []
+    assert turn.take("a") == "turn"
+    go_early = threading.Event()
+    tb, got_b = _in_thread(lambda: turn.take("b", early=go_early.is_set))
+    for _ in range(100):
+        if turn.line == ["b"]:
+            break
+        time.sleep(0.01)
+    tc, got_c = _in_thread(lambda: turn.take("c", early=lambda: True))   # c would go early, but b is first
+    for _ in range(100):
+        if turn.line == ["b", "c"]:
+            break
+        time.sleep(0.01)
+    assert turn.line == ["b", "c"] and turn.next is None
+    go_early.set()
+    tb.join(2)
+    assert got_b == ["early"] and turn.next == "b" and tc.is_alive()
+    td, got_d = _in_thread(lambda: (turn.take("d"), order.append("d")))
+    turn.give_back("a")
+    tc.join(0.5)
+    assert tc.is_alive() and turn.holder is None               # free, but b's: c and d still wait
+    assert turn.take("b") == "turn"
+    order.append("b")
+    turn.give_back("b")
+    tc.join(2)
+    assert got_c == ["turn"] and td.is_alive()
+    order.append("c")
+    turn.give_back("c")
+    td.join(2)
+    assert order == ["b", "c", "d"] and turn.holder == "d" and turn.line == []
 
 
 def test_a_run_that_started_early_and_ends_before_its_turn_gives_its_place_up():

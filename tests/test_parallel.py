@@ -47,7 +47,8 @@ def test_parse_gpus():
     assert parse_gpus("cpu:2")[1].env == {"CUDA_VISIBLE_DEVICES": ""}
     assert Slot(1, 3).env == {"CUDA_VISIBLE_DEVICES": "3"} and Slot(1, 3).label == "GPU 3"
     assert [s.gpu for s in parse_gpus("0,0", probe=False)] == [0, 0]     # two slots that take turns on GPU 0
-    for bad, msg in (("0,0,0", "twice at most"), ("gpu", "GPU indices"), ("cpu:0", "1 to 64")):
+    assert [s.gpu for s in parse_gpus("0,0,0", probe=False)] == [0, 0, 0]   # three: one trains, two get ready
+    for bad, msg in (("0,0,0,0", "three times at most"), ("gpu", "GPU indices"), ("cpu:0", "1 to 64")):
         with pytest.raises(ConfigError, match=msg):
             parse_gpus(bad, probe=False)
 
@@ -311,11 +312,11 @@ def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_wind
 
 
 @pytest.mark.e2e
-def test_two_slots_on_each_of_two_gpus_take_turns_per_gpu(tmp_path):
-    """`--gpus 0,0,1,1` (parsed without a probe): four slots, two per GPU; on each GPU one training at a time,
+def test_three_slots_on_one_gpu_take_turns_beside_a_slot_on_another(tmp_path):
+    """`--gpus 0,0,0,1` (parsed without a probe): four slots, three on GPU 0; on each GPU one training at a time,
     while the two GPUs train side by side."""
-    slots = parse_gpus("0,0,1,1", probe=False)
-    assert [(s.index, s.gpu) for s in slots] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    slots = parse_gpus("0,0,0,1", probe=False)
+    assert [(s.index, s.gpu) for s in slots] == [(0, 0), (1, 0), (2, 0), (3, 1)]
     root = make_repo(tmp_path)
     lp = ParallelLoop(cfg(gpus="cpu:4", time_budget=1.0), root, "t", executor=LocalExecutor(slots))
     with lp:
@@ -430,8 +431,8 @@ def test_cli_run_and_sweep_with_gpus(tmp_path):
     assert r.exit_code == 0, r.output
     rows = read_results(root / "runs" / "sweep-two" / "results.tsv")
     assert len(rows) >= 4 and {r.status for r in rows} <= {Status.KEEP, Status.DISCARD, Status.STALE}
-    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--tag", "u", "--gpus", "0,0,0"], terminal_width=200)
-    assert r.exit_code != 0 and "listed twice at most" in str(r.exception)
+    r = CliRunner().invoke(app, ["run", "--repo", str(root), "--tag", "u", "--gpus", "0,0,0,0"], terminal_width=200)
+    assert r.exit_code != 0 and "listed three times at most" in str(r.exception)
 
 
 def _ar_run(root: Path, conf: Path, *extra: str) -> subprocess.Popen:

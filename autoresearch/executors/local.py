@@ -35,7 +35,8 @@ TAIL_LINES = 64     # the run's last output lines, kept for a log the size cap c
 
 class GpuTurn:
     """The turn of the slots that share one GPU, first come, first served: `take()` waits for it (None when the
-    session is stopping: then nothing may start), `give_back()` passes it on. A run may instead be told to start
+    session is stopping: then nothing may start), `give_back()` passes it on. Runs that wait are served in the
+    order they asked (with three slots or more on a GPU, two may wait at once). A run may instead be told to start
     early (`early()` says when: experiment/headstart.py); the turn is then reserved for it, and its `take()` later
     (its first batch) gets it as soon as the holder gives it back. The holder says when its window closes
     (`opened`) and which processes are its (for the memory the next start-up must fit beside)."""
@@ -48,23 +49,30 @@ class GpuTurn:
         self.holder_pids = None                   # () -> the holder's process ids
         self.startups: list[float] = []           # each run's start-up here, go → first batch, less its wait
         self.next_used = None                     # () -> GPU seconds the run that started early has used
+        self.line: list = []                      # the runs waiting in take(), in the order they asked
 
     def take(self, who, early=None, cancel: threading.Event | None = None) -> str | None:
         """Wait for the GPU: "turn" once it is `who`'s, "early" when `early()` allows a start beside the holder,
         None when stopping (or `cancel` is set)."""
         with self._cv:
-            while not self.stopping.is_set() and not (cancel is not None and cancel.is_set()):
-                if self.holder is None and self.next in (None, who):
-                    self.holder, self.next, self.window_end, self.holder_pids = who, None, None, None
-                    self.next_used = None
-                    return "turn"
-                if early is not None and self.holder is not None and self.next is None and early():
-                    self.next = who
-                    return "early"
-                self._cv.wait(0.2)
-            if self.next is who:
-                self.next, self.next_used = None, None
-            return None
+            self.line.append(who)
+            try:
+                while not self.stopping.is_set() and not (cancel is not None and cancel.is_set()):
+                    first = self.line[0] is who
+                    if self.holder is None and (self.next is who or (self.next is None and first)):
+                        self.holder, self.next, self.window_end, self.holder_pids = who, None, None, None
+                        self.next_used = None
+                        return "turn"
+                    if early is not None and first and self.holder is not None and self.next is None and early():
+                        self.next = who
+                        return "early"
+                    self._cv.wait(0.2)
+                if self.next is who:
+                    self.next, self.next_used = None, None
+                return None
+            finally:
+                self.line.remove(who)
+                self._cv.notify_all()
 
     def started_early(self, who, used) -> None:
         """The run that started early says how its GPU seconds are read (the holder's window gets them back)."""
