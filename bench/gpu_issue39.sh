@@ -38,5 +38,6 @@ elif [[ ${1:-1} == 1 ]]; then
       --out "$OUT/trust.json" 2>&1 | cut -c1-1200 | tee "$OUT/diag.log" | grep -v '^{"available' | tail -20
 else
   SKIP_INSTALL=1 RUNS="${RUNS:-user:0,0:agent30:5:60:450}" bash bench/gpu_loop.sh
+  [[ -n ${TESTS_AFTER:-} ]] && gpu_tests       # the GPU tests too, in the same call
 fi
 echo "call total: $(( $(date +%s) - t0 )) s"
