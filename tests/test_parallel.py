@@ -298,6 +298,7 @@ def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_wind
                for r in rows]
     for a, b in zip(timing, timing[1:]):       # one training at a time: each first batch after the last exit
         assert a["process_exit"] <= b["window_start"], (a, b)
+    assert {(t["device"], t["gpu"], t["session"]) for t in timing} == {("cpu", "0", lp.session)}   # gpu_use.py's
     assert timing[1]["head_start"] is None     # beside the baseline it waits for the baseline's training instead
     for i in (2, 3):                           # the next two go early, on the start-ups measured before them
         a, b = timing[i - 1], timing[i]

@@ -33,7 +33,8 @@ def report(
     data = rep.build(rows, tags, top, specs=lambda row: rep.run_spec(repo, row),
                      objective=rep.objective_of(repo, tags))
     written = plots.write_plots(data, rows, repo, plot, warn)
-    data.update(written, journals=rep.journals(repo, tags), tag_from=choice.why if choice else "--all")
+    data.update(written, journals=rep.journals(repo, tags), gpu_use=rep.gpu_use_of(repo, tags),
+                tag_from=choice.why if choice else "--all")
     if as_json:
         console.out(json.dumps(data), highlight=False)
         return

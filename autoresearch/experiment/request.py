@@ -46,6 +46,7 @@ class RunRequest:
     compile_store: Path | None = None     # copied into the run's scratch cache before it starts; None: cold
     head_start: bool | str = "auto"       # slots taking turns on a GPU: start beside the running window's last
                                           # seconds (headstart.py); "auto": on a GPU
+    session: str = ""                     # the `ar run` it belongs to (views/gpu_use.py: no gap across two)
 
     @property
     def device(self) -> str:

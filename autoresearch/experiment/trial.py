@@ -74,7 +74,8 @@ def run_trial(req: RunRequest, git: GitRepo, *, work_root: Path, exp_dir: Path, 
             "prepare": t_prepare, "process_start": out.started_at, **out.phases, "window_start": out.window_start,
             "checkpoint": out.checkpoint_at, "process_exit": out.started_at + out.result.wall_seconds,
             "eval_start": t_eval, "eval_done": t_scored, "done": time.time(), "cache_seeded_bytes": seeded,
-            "cache_adopted_files": adopted, "trusted_code": req.trusted_code})
+            "cache_adopted_files": adopted, "trusted_code": req.trusted_code, "device": req.device,
+            "gpu": req.slot_env.get("CUDA_VISIBLE_DEVICES", ""), "session": req.session})
     finally:
         for name, src in (("eval.log", ws.job / "eval.log"),):
             if src.is_file() and not src.is_symlink():     # the worker owns its folder: a link is not a log

@@ -95,6 +95,7 @@ class Loop:
         and no configured one must calibrate first."""
         self.cfg, self.proposer, self.monitor_factory = cfg, proposer, monitor_factory
         self.executor = executor or make_executor(cfg)
+        self.session = ""                   # the current run()'s id (session_id)
         self.git = GitRepo(repo)
         self.root = self.git.root
         self.train_file = "train.py" if "train.py" in cfg.allowed_paths else cfg.allowed_paths[0]
@@ -453,7 +454,7 @@ class Loop:
         """Run specs (proposing new ones when the queue is empty and there is a proposer) until a limit."""
         opened_here = not self._open
         self.open()
-        session = session_id()
+        session = self.session = session_id()
         old_term = _sigterm_as_interrupt()
         sched = Scheduler(self, max_experiments, max_hours)
         stop, failed, interrupted = "", False, False
@@ -527,7 +528,7 @@ class Loop:
             max_log_bytes=int(self.cfg.max_log_mb * 2**20), sandbox=self.sandboxed, slot_env=dict(ctx.env),
             objective=self.cfg.objective, trusted_code=x.trusted_code,
             compile_store=compile_cache.store_dir(default_cache()) if self.cfg.compile_cache else None,
-            head_start=self.cfg.head_start)
+            head_start=self.cfg.head_start, session=self.session)
 
     # --------------------------------------------------------------------------------------- helpers
     @property

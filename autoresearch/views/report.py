@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from autoresearch.proposers import cost
+from autoresearch.views import gpu_use
 from autoresearch.records import tags as tags_mod
 from autoresearch.errors import ArError, ConfigError
 from autoresearch import objective
@@ -107,6 +108,16 @@ def window_note(e: dict) -> str | None:
     import re
     m = re.search(r"[^;(]*training window was[^;)]*", e.get("reason") or "")
     return m.group(0).strip() if m else None
+
+
+def gpu_use_of(repo: str | Path, tags: Sequence[str]) -> dict[str, list[dict]]:
+    """Per tag with GPU runs, how busy each GPU was between its training windows (views/gpu_use.py)."""
+    out = {}
+    for t in tags:
+        used = gpu_use.summarize(gpu_use.load(RunsLayout(Path(repo)).tag(t).dir))
+        if used:
+            out[t] = used
+    return out
 
 
 def journals(repo: str | Path, tags: Sequence[str]) -> dict[str, str]:
@@ -320,6 +331,12 @@ def sections(report: dict) -> list[Section]:
                            ("USD", "tokens in+out", "proposals with a cost", "kept improvements", "USD per keep"),
                            [(_f(spent["usd"], 4, prefix="$"), f"{spent['tokens']:,}", str(spent["experiments"]),
                              str(spent["keeps"]), _f(spent["usd_per_keep"], 4, prefix="$"))]))
+    for t, used in (report.get("gpu_use") or {}).items():
+        out.append(Section(f"GPU use between training windows — {t}",
+                           ("GPU", "windows", "busy", "median gap", "of it, waiting for a proposal", "advice"),
+                           [(u["gpu"] or "-", str(u["windows"]), _f(u["busy"] and 100 * u["busy"], 1, "%"),
+                             _f(u["median_gap"], 1, "s"), _f(u["median_for_proposal"], 1, "s"), u["advice"] or "-")
+                            for u in used]))
     out += points_sections(report["points"], report["tags"])
     best = report["best"]
     if best:
