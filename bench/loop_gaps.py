@@ -117,6 +117,15 @@ def table(tag_dir: Path) -> dict:
         lines.append(f"window's end -> checkpoint: {min(tails):.2f} to {max(tails):.2f} s (median "
                      f"{statistics.median(tails):.2f}); trained {min(summary['trained_share']):.2%} to "
                      f"{max(summary['trained_share']):.2%} of the budget; clock.json {summary['clock']}")
+    try:                                  # what `ar report` says of the same runs (views/gpu_use.py)
+        from autoresearch.views import gpu_use
+        summary["gpu_use"] = gpu_use.summarize(gpu_use.load(tag_dir))
+        for u in summary["gpu_use"]:
+            lines.append(f"ar report: GPU {u['gpu'] or '-'} busy {u['busy']:.1%} over {u['windows']} windows, gaps "
+                         f"{u['gaps']}, of which waiting for a proposal (median) {u['median_for_proposal']}; "
+                         f"advice: {u['advice']}")
+    except ImportError:
+        pass
     summary["table"] = "\n".join(lines)
     return summary
 
