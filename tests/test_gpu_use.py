@@ -13,8 +13,8 @@ from autoresearch.views.gpu_use import Gap, Window
 from test_report import ar, upstream_repo  # noqa: F401  (a fixture, asked for by name)
 
 
-def W(exp, ready, first, last, gpu="0", session="s1"):
-    return Window(exp, gpu, session, ready, first, last)
+def W(exp, ready, first, last, gpu="0", session="s1", startup=0.0, prep=0.0):
+    return Window(exp, gpu, session, ready, first, last, startup, prep)
 
 
 @pytest.mark.parametrize("windows, expect", [
@@ -22,6 +22,12 @@ def W(exp, ready, first, last, gpu="0", session="s1"):
     ([W(1, 0, 10, 70), W(2, 20, 72, 132)], [Gap(2, 2.0, 0.0)]),
     # ready 5 s after the window ended, first batch 9 s after: 5 s of it waited for the proposal
     ([W(1, 0, 10, 70), W(2, 75, 79, 139)], [Gap(2, 9.0, 5.0)]),
+    # ready 0.5 s before the window ended, but its own start-up takes 4 s: all of a 4.5-s gap is its lateness
+    ([W(1, 0, 10, 70), W(2, 69.5, 74.5, 134, startup=4.0)], [Gap(2, 4.5, 3.5)]),
+    # ready 2.5 s before, but a 1-s workspace and a 2-s start-up: 0.5 s late, in a 3-s gap
+    ([W(1, 0, 10, 70), W(2, 67.5, 73, 133, startup=2.0, prep=1.0)], [Gap(2, 3.0, 0.5)]),
+    # ready 10 s early with the same start-up, but no head start (memory): the gap is the hand-over, not lateness
+    ([W(1, 0, 10, 70), W(2, 60, 74.5, 134, startup=4.0)], [Gap(2, 4.5, 0.0)]),
     # listed out of order: sorted by first batch
     ([W(2, 75, 79, 139), W(1, 0, 10, 70)], [Gap(2, 9.0, 5.0)]),
     # a head start: first batch before the other's last step line (its last step ran on) is no negative gap
@@ -64,7 +70,8 @@ def _session(tag_dir, late: bool):
     for i in range(1, 6):
         ready = t - 30 if i > 1 and not late else (t + 10 if i > 1 else t - 20)
         first = (t + 12 if late else t + 2) if i > 1 else t
-        _timing(tag_dir / f"{i:04d}-abc{i}", prepare=ready, process_start=ready + 1, window_start=first,
+        _timing(tag_dir / f"{i:04d}-abc{i}", prepare=ready, spawned=ready + 0.5, process_start=first - 1.5,
+                window_start=first,
                 last_step=first + 60, device="cuda", gpu="0", session="s1")
         t = first + 60
     _timing(tag_dir / "0006-cpu", prepare=0, window_start=5, last_step=10, device="cpu", gpu="")
@@ -81,7 +88,7 @@ def test_the_loader_reads_every_gpu_window_a_decisions_further_runs_included(tmp
     assert [w.exp for w in windows] == [1, 2, 3, 4, 5, 5]
     (used,) = gpu_use.summarize(windows)
     assert used["windows"] == 6 and used["gaps"][:4] == [12.0] * 4
-    assert used["median_for_proposal"] == 10.0 and "0,0,0" in used["advice"]
+    assert used["median_for_proposal"] == 12.0 and "0,0,0" in used["advice"]   # 10 s late, 0.5 + 1.5 to start
 
 
 def test_the_busy_share_counts_each_session_from_its_first_batch_to_its_last_step():
@@ -101,7 +108,7 @@ def test_ar_report_shows_how_busy_the_gpu_was(upstream_repo, monkeypatch, capsys
     assert ("waited for the next proposal in 4 of 4 gaps" in out) == late
     code, out, _ = ar(["report", "--repo", upstream_repo, "--json"], monkeypatch, capsys)
     (used,) = json.loads(out)["gpu_use"]["mar5"]
-    assert used["median_gap"] == (12.0 if late else 2.0) and used["median_for_proposal"] == (10.0 if late else 0.0)
+    assert used["median_gap"] == (12.0 if late else 2.0) and used["median_for_proposal"] == (12.0 if late else 0.0)
 
 
 def test_a_report_without_gpu_runs_has_no_such_section(upstream_repo, monkeypatch, capsys):  # noqa: F811

@@ -5,9 +5,10 @@ experiment was ready to run (`prepare`: proposed, committed, its workspace begun
 (`window_start`) and its last step (`last_step`). Per GPU, in order of first batch:
 
 - a gap is one window's last step to the next one's first batch;
-- of it, the time the GPU waited for the next experiment to exist at all (its proposal, its commit, or a slot
-  still busy scoring) is `for_proposal`; the rest is the hand-over (the other's save and exit, the next one's
-  start-up where a head start did not hide it).
+- of it, `for_proposal` is what the next experiment's lateness cost: to follow at once, it had to be ready (its
+  proposal made and committed, its slot done scoring the last one) its workspace and its start-up before that
+  last step; every second later is a second of gap. The rest is the hand-over (the other's save and exit, and the
+  start-up where a head start did not hide it although the run was ready).
 
 When the GPU mostly waited for proposals, more slots on it would have fed it (`advice`): with two slots, a
 slot has one window of the other's to be scored, to have its agent think and to start up in; with three it has
@@ -33,25 +34,32 @@ class Window:
     ready: float          # wall clock: the experiment was proposed and committed
     first_batch: float
     last_step: float
+    startup: float = 0.0  # its process start → first batch, less any wait for the turn (a head start's)
+    prep: float = 0.0     # ready → its launcher spawned: its workspace (the launcher then may wait for the turn)
 
 
 @dataclass(frozen=True)
 class Gap:
     exp: int              # the experiment whose window ends the gap
     seconds: float
-    for_proposal: float   # of which the GPU waited for that experiment to exist
+    for_proposal: float   # of which that experiment's lateness cost (ready after one start-up early)
 
 
-def load(tag_dir: Path) -> list[Window]:
-    """The GPU windows of one tag's runs; a run that never trained, a CPU run or an unreadable file is skipped."""
+def load(tag_dir: Path, device: str = "cuda") -> list[Window]:
+    """The GPU windows of one tag's runs; a run that never trained, a run on another device (the CPU) or an
+    unreadable file is skipped. `device="cpu"`: the CPU's, for a stand-in of slots taking turns (bench/)."""
     out = []
     for exp_dir in sorted(Path(tag_dir).glob("[0-9][0-9][0-9][0-9]-*")):
         for f in sorted(exp_dir.glob("timing*.json")):
             try:
                 t = json.loads(f.read_text())
-                if t.get("device") == "cuda" and t.get("window_start") and t.get("last_step"):
+                if t.get("device") == device and t.get("window_start") and t.get("last_step"):
+                    first = float(t["window_start"])
+                    go, ready = float(t.get("process_start") or first), float(t["prepare"])
+                    startup = first - go - float(t.get("turn_wait") or 0)
+                    prep = float(t.get("spawned") or ready) - ready
                     out.append(Window(int(exp_dir.name[:4]), str(t.get("gpu") or ""), str(t.get("session") or ""),
-                                      float(t["prepare"]), float(t["window_start"]), float(t["last_step"])))
+                                      ready, first, float(t["last_step"]), max(0.0, startup), max(0.0, prep)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
     return out
@@ -69,11 +77,15 @@ def gaps(windows: list[Window]) -> dict[str, list[Gap]]:
     """Per GPU, the gaps between its windows in the order they trained, within each session."""
     out: dict[str, list[Gap]] = {}
     for (gpu, _), ws in _runs(windows).items():
-        out.setdefault(gpu, []).extend(
-            Gap(b.exp, max(0.0, b.first_batch - a.last_step),
-                min(max(0.0, b.ready - a.last_step), max(0.0, b.first_batch - a.last_step)))
-            for a, b in zip(ws, ws[1:]))
+        out.setdefault(gpu, []).extend(_gap(a, b) for a, b in zip(ws, ws[1:]))
     return out
+
+
+def _gap(a: Window, b: Window) -> Gap:
+    """`b` had to be ready its workspace and its own start-up before `a`'s last step (at least: its launcher's
+    interpreter and imports are not counted, so lateness is never overstated)."""
+    gap = max(0.0, b.first_batch - a.last_step)
+    return Gap(b.exp, gap, min(gap, max(0.0, b.ready + b.prep + b.startup - a.last_step)))
 
 
 def advice(gs: list[Gap]) -> str | None:
