@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ADVISE_AFTER = 3          # gaps seen before any advice
-WAITED = 1.0              # seconds: a gap in which the GPU waited this long for a proposal counts as one
+WAITED = 1.0              # seconds: a gap whose lateness is this long counts as one that waited for a proposal
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Window:
 class Gap:
     exp: int              # the experiment whose window ends the gap
     seconds: float
-    for_proposal: float   # of which that experiment's lateness cost (ready after one start-up early)
+    for_proposal: float   # of which that experiment's lateness cost (ready later than its workspace + start-up)
 
 
 def load(tag_dir: Path, device: str = "cuda") -> list[Window]:

@@ -333,7 +333,7 @@ def sections(report: dict) -> list[Section]:
                              str(spent["keeps"]), _f(spent["usd_per_keep"], 4, prefix="$"))]))
     for t, used in (report.get("gpu_use") or {}).items():
         out.append(Section(f"GPU use between training windows — {t}",
-                           ("GPU", "windows", "busy", "median gap", "of it, waiting for a proposal", "advice"),
+                           ("GPU", "windows", "busy", "median gap", "of it, the next run late", "advice"),
                            [(u["gpu"] or "-", str(u["windows"]), _f(u["busy"] and 100 * u["busy"], 1, "%"),
                              _f(u["median_gap"], 1, "s"), _f(u["median_for_proposal"], 1, "s"), u["advice"] or "-")
                             for u in used]))
