@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -29,21 +28,13 @@ from autoresearch.proposers.agent import AgentProposer  # noqa: E402
 from autoresearch.session.loop import Loop  # noqa: E402
 from autoresearch.slots import Slot  # noqa: E402
 from autoresearch.views import gpu_use  # noqa: E402
+from fixtures.corpus import write_stdlib_docs  # noqa: E402
 from test_loop import cfg, make_repo  # noqa: E402
 
 
 def tiny_data(root: Path) -> Path:
     """AR_CACHE with a `builtin` dataset of ~300 KB of the standard library's text (as the tests' fixture)."""
-    src = root / "text"
-    src.mkdir()
-    total = 0
-    for i, f in enumerate(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))):
-        text = f.read_text(encoding="utf-8", errors="replace")
-        for j, piece in enumerate(data.split_long(text, 2000)):
-            (src / f"doc_{i:04d}_{j:03d}.txt").write_text(piece, encoding="utf-8")
-            total += len(piece)
-        if total >= 300_000:
-            break
+    src = write_stdlib_docs(root / "text")
     cache = root / "cache"
     data.prepare("files", cache=cache, vocab_size=resolve_profile("cpu").vocab_size, name="builtin", path=src)
     return cache
@@ -82,11 +73,11 @@ def main() -> int:
             os.environ.pop(var, None)
         out = [series(root, int(n), a) for n in a.slots.split(",")]
     print(f"budget {a.budget} s, agent {a.agent_s} s, {a.experiments} experiments, head start on")
-    print("| slots | windows | busy | gaps, s | median gap, s | median waiting for a proposal, s | stale |")
+    print("| slots | windows | busy | gaps, s | median gap, s | of it, lateness (median), s | stale |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for u in out:
         print(f"| {u['slots']} | {u['windows']} | {100 * u['busy']:.1f} % | {', '.join(f'{g:.1f}' for g in u['gaps'])} "
-              f"| {statistics.median(u['gaps']):.2f} | {u['median_for_proposal']:.2f} | {u['stale']} |")
+              f"| {statistics.median(u['gaps']):.2f} | {u['median_late']:.2f} | {u['stale']} |")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -122,7 +122,7 @@ def table(tag_dir: Path) -> dict:
         summary["gpu_use"] = gpu_use.summarize(gpu_use.load(tag_dir))
         for u in summary["gpu_use"]:
             lines.append(f"ar report: GPU {u['gpu'] or '-'} busy {u['busy']:.1%} over {u['windows']} windows, gaps "
-                         f"{u['gaps']}, of which the next run late (median) {u['median_for_proposal']}; "
+                         f"{u['gaps']}, of which the next run late (median) {u['median_late']}; "
                          f"advice: {u['advice']}")
     except ImportError:
         pass

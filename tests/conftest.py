@@ -13,7 +13,6 @@ import hashlib
 import os
 import shutil
 import signal
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from autoresearch.harness import data  # noqa: E402
 from autoresearch.harness.env import resolve_profile
+from fixtures.corpus import write_stdlib_docs  # noqa: E402
 from tiers import add_fixture_tiers, marked_tier, pytest_configure, pytest_runtest_call, pytest_runtest_protocol  # noqa: E402,F401  (hooks)
 
 
@@ -88,17 +88,7 @@ def tiny_dataset(tmp_path_factory) -> TinyDataset:
     """A `files` dataset of ~300 KB of real text (standard library sources cut into ~2 KB documents),
     tokenized with the cpu profile's vocab. Read-only: copy it before changing anything."""
     root = tmp_path_factory.mktemp("tiny")
-    src = root / "text"
-    src.mkdir()
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    total, n = 0, 0
-    for f in sorted(stdlib.glob("*.py")):
-        for piece in data.split_long(f.read_text(encoding="utf-8", errors="replace"), 2000):
-            (src / f"doc_{n:05d}.txt").write_text(piece, encoding="utf-8")
-            n += 1
-            total += len(piece)
-        if total >= 300_000:
-            break
+    src = write_stdlib_docs(root / "text")
     vocab = resolve_profile("cpu").vocab_size
     # the same split every session (tests compare figures of it): an empty split key in the cache is the unkeyed
     # rule. Other caches split by the installation's secret key ($AR_SECRET_DIR here: data.split_key); the hostile

@@ -88,7 +88,7 @@ def test_the_loader_reads_every_gpu_window_a_decisions_further_runs_included(tmp
     assert [w.exp for w in windows] == [1, 2, 3, 4, 5, 5]
     (used,) = gpu_use.summarize(windows)
     assert used["windows"] == 6 and used["gaps"][:4] == [12.0] * 4
-    assert used["median_for_proposal"] == 12.0 and "0,0,0" in used["advice"]   # 10 s late, 0.5 + 1.5 to start
+    assert used["median_late"] == 12.0 and "0,0,0" in used["advice"]   # 10 s late, 0.5 + 1.5 to start
 
 
 def test_the_busy_share_counts_each_session_from_its_first_batch_to_its_last_step():
@@ -108,7 +108,7 @@ def test_ar_report_shows_how_busy_the_gpu_was(upstream_repo, monkeypatch, capsys
     assert ("waited for the next proposal in 4 of 4 gaps" in out) == late
     code, out, _ = ar(["report", "--repo", upstream_repo, "--json"], monkeypatch, capsys)
     (used,) = json.loads(out)["gpu_use"]["mar5"]
-    assert used["median_gap"] == (12.0 if late else 2.0) and used["median_for_proposal"] == (12.0 if late else 0.0)
+    assert used["median_gap"] == (12.0 if late else 2.0) and used["median_late"] == (12.0 if late else 0.0)
 
 
 def test_a_report_without_gpu_runs_has_no_such_section(upstream_repo, monkeypatch, capsys):  # noqa: F811

@@ -50,7 +50,7 @@ class RunRequest:
 
     @property
     def device(self) -> str:
-        return "cuda" if self.profile.name == "gpu" else "cpu"
+        return self.profile.device
 
     @property
     def eval_rows(self) -> int:

@@ -22,6 +22,11 @@ class Profile:
     eval_tokens: int
     time_budget: float
 
+    @property
+    def device(self) -> str:
+        """The torch device a run of this profile trains and is scored on."""
+        return "cuda" if self.name == "gpu" else "cpu"
+
 
 PROFILES = {
     "gpu": Profile("gpu", seq_len=2048, vocab_size=8192, eval_tokens=10 * 2**20, time_budget=300.0),

@@ -188,7 +188,7 @@ class Loop:
         if self.multi:
             gpus = [s.gpu for s in self.slots if s.gpu is not None]
             shared = self.executor.name == "local" and len(set(gpus)) < len(gpus)
-            head = headstart.asked(self.cfg.head_start, "cuda" if self.profile.name == "gpu" else "cpu")
+            head = headstart.asked(self.cfg.head_start, self.profile.device)
             self.say(f"{len(self.slots)} slots ({', '.join(s.label for s in self.slots)}) on the "
                      f"{self.executor.name} executor; a win on a stale parent is "
                      f"{'re-run' if self.cfg.stale_policy == 'rerun' else 'recorded'}"

@@ -5,7 +5,7 @@ experiment was ready to run (`prepare`: proposed, committed, its workspace begun
 (`window_start`) and its last step (`last_step`). Per GPU, in order of first batch:
 
 - a gap is one window's last step to the next one's first batch;
-- of it, `for_proposal` is what the next experiment's lateness cost: to follow at once, it had to be ready (its
+- of it, `late` is what the next experiment's lateness cost: to follow at once, it had to be ready (its
   proposal made and committed, its slot done scoring the last one) its workspace and its start-up before that
   last step; every second later is a second of gap. The rest is the hand-over (the other's save and exit, and the
   start-up where a head start did not hide it although the run was ready).
@@ -42,7 +42,7 @@ class Window:
 class Gap:
     exp: int              # the experiment whose window ends the gap
     seconds: float
-    for_proposal: float   # of which that experiment's lateness cost (ready later than its workspace + start-up)
+    late: float           # of which that experiment's lateness cost (ready later than its workspace + start-up)
 
 
 def load(tag_dir: Path, device: str = "cuda") -> list[Window]:
@@ -92,7 +92,7 @@ def advice(gs: list[Gap]) -> str | None:
     """What would have fed this GPU better, or None: only where it mostly waited for proposals."""
     if len(gs) < ADVISE_AFTER:
         return None
-    waited = [g.for_proposal for g in gs]
+    waited = [g.late for g in gs]
     late = sum(w >= WAITED for w in waited)
     if 2 * late < len(gs):
         return None
@@ -114,6 +114,6 @@ def summarize(windows: list[Window]) -> list[dict]:
                     "busy": min(1.0, busy / span) if span > 0 else None,     # a last step may overlap a head start
                     "gaps": [round(g.seconds, 3) for g in gs],
                     "median_gap": statistics.median(g.seconds for g in gs) if gs else None,
-                    "median_for_proposal": statistics.median(g.for_proposal for g in gs) if gs else None,
+                    "median_late": statistics.median(g.late for g in gs) if gs else None,
                     "advice": advice(gs)})
     return out

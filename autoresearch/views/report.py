@@ -335,7 +335,7 @@ def sections(report: dict) -> list[Section]:
         out.append(Section(f"GPU use between training windows — {t}",
                            ("GPU", "windows", "busy", "median gap", "of it, the next run late", "advice"),
                            [(u["gpu"] or "-", str(u["windows"]), _f(u["busy"] and 100 * u["busy"], 1, "%"),
-                             _f(u["median_gap"], 1, "s"), _f(u["median_for_proposal"], 1, "s"), u["advice"] or "-")
+                             _f(u["median_gap"], 1, "s"), _f(u["median_late"], 1, "s"), u["advice"] or "-")
                             for u in used]))
     out += points_sections(report["points"], report["tags"])
     best = report["best"]
