@@ -615,6 +615,8 @@ def train(env: RunEnv, t_start: float) -> dict:
             optimizer.step(lr_scale(progress), muon_momentum(step))
             optimizer.zero_grad()
             loss_value = loss.item()                       # also the per-step sync for honest timing
+            if step == 0 and loader.window_start:          # a first batch that waited for the GPU's turn: the
+                t0 = max(t0, loader.window_start)          # wait came before ar's window and is not training
             dt = time.time() - t0
             if not math.isfinite(loss_value) or loss_value > 100:
                 raise TrainFailure(f"loss is {loss_value} at step {step}: training diverged; lower LR_MULT "

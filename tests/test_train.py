@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ def load_train(path: Path = ROOT / "train.py"):
     return module
 
 
-def run_train(tmp_path, tiny_dataset, budget="3", knobs: dict | None = None):
+def run_train(tmp_path, tiny_dataset, budget="3", knobs: dict | None = None, feed: Feed | None = None):
     script = ROOT / "train.py"
     if knobs:
         text = script.read_text()
@@ -39,7 +40,7 @@ def run_train(tmp_path, tiny_dataset, budget="3", knobs: dict | None = None):
     ckpt = tmp_path / "checkpoint"
     view = tmp_path / "data"          # what a run under `ar run` sees: no tokens, which come from ar's feed
     data.train_view(tiny_dataset.tok_dir, view)
-    feed = Feed(tiny_dataset.tok_dir, seed=42, budget=float(budget))
+    feed = feed or Feed(tiny_dataset.tok_dir, seed=42, budget=float(budget))
     env = dict(os.environ, AR_CACHE=str(tmp_path / "no-cache"), AR_DATASET=tiny_dataset.name, AR_PROFILE="cpu",
                AR_TIME_BUDGET=budget, AR_TOK_DIR=str(view), AR_CHECKPOINT_DIR=str(ckpt), PYTHONPATH=str(ROOT),
                AR_DATA_FD=str(feed.child_fd))
@@ -93,6 +94,44 @@ def test_cpu_run_prints_summary_and_saves_a_checkpoint_that_loads_by_its_factory
     assert logits.shape == (4, 64, tiny_dataset.vocab_size) and torch.isfinite(logits).all()
     loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten())
     assert loss < math.log(tiny_dataset.vocab_size) - 0.5        # trained: well below a uniform guess
+
+
+@pytest.mark.integration
+def test_a_wait_for_the_gpu_before_the_window_opens_is_not_counted_as_training(tmp_path, tiny_dataset):
+    """A run that took a head start asks for its first batch and waits there for its turn (the feed's
+    `before_open`); ar's window opens after the wait. train.py's own clock must start there too: counted in its
+    first step, the wait made it think its budget spent that much early (it stopped 7 s short of a 60-s window
+    on an H100) and printed a training time longer than its window."""
+    wait, budget = 4.0, 6
+
+    def turn() -> bool:
+        time.sleep(wait)
+        return True
+
+    feed = Feed(tiny_dataset.tok_dir, seed=42, budget=float(budget), before_open=turn)
+    proc, _ = run_train(tmp_path, tiny_dataset, budget=str(budget), feed=feed)
+    ended = time.time()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert feed.opened_at is not None
+    # everything train.py counted as training lies between the window's opening and its own exit
+    assert float(summary_of(proc.stdout)["training_seconds"]) <= ended - feed.opened_at
+
+
+@pytest.mark.parametrize("budget, trained, left, expected", [
+    (60.0, 10.0, None, 10 / 60),      # run by hand: its own training time
+    (60.0, 10.0, 50.0, 10 / 60),      # under ar, one and the same
+    (60.0, 17.4, 50.0, 10 / 60),      # its first step held a 7.4-s wait for the turn: ar's window decides
+    (60.0, 5.0, 45.0, 15 / 60),       # the window opened 5 s short (a start-up's charge): the window decides
+    (60.0, 70.0, None, 1.0),
+    (60.0, 1.0, -3.0, 1.0),           # past the deadline
+    (0.0, 1.0, 5.0, 1.0),
+])
+def test_progress_under_ar_is_the_share_of_its_window(budget, trained, left, expected):
+    from autoresearch.harness.env import RunEnv, resolve_profile
+    env = RunEnv(resolve_profile("cpu"), budget, "tiny", Path("."), 0, None, None, None, Path("."), None)
+    now = 1000.0
+    deadline = now + left if left is not None else None
+    assert env.progress(trained, deadline, now=now) == pytest.approx(expected)
 
 
 @pytest.mark.integration

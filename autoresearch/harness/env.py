@@ -72,14 +72,18 @@ class RunEnv:
     untimed_steps: int | None    # AR_UNTIMED_STEPS: compile warm-up steps on synthetic tokens before the first batch
     data_fd: int | None = None   # AR_DATA_FD: ar's training feed (harness/feed.py); None: the files (a hand run)
 
-    def progress(self, training_time: float, deadline: float | None = None) -> float:
-        """How far through its budget the run is, 0..1: its own training time over the budget, or, under ar, the
-        share of the window that ar's deadline (the loader's `deadline`, known from the first batch) has used,
-        whichever is further."""
-        import time
-        done = training_time / self.time_budget if self.time_budget > 0 else 1.0
-        if deadline is not None and self.time_budget > 0:
-            done = max(done, 1.0 - (deadline - time.time()) / self.time_budget)
+    def progress(self, training_time: float, deadline: float | None = None, now: float | None = None) -> float:
+        """How far through its budget the run is, 0..1: run by hand, its own training time over the budget; under
+        ar, the share of the budget that ar's window has used (the loader's `deadline`, known from the first
+        batch). Ar's window alone: the run's own step times may hold time outside it, such as a first batch that
+        waited for the GPU's turn before the window opened, and would end the run that much early."""
+        if self.time_budget <= 0:
+            return 1.0
+        if deadline is None:
+            done = training_time / self.time_budget
+        else:
+            import time
+            done = 1.0 - (deadline - (time.time() if now is None else now)) / self.time_budget
         return min(1.0, max(0.0, done))
 
     @property

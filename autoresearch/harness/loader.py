@@ -74,6 +74,11 @@ class PackedLoader:
         """Wall-clock end of ar's training window (known from the first batch), or None (no feed)."""
         return self._feed.deadline if self._feed is not None else None
 
+    @property
+    def window_start(self) -> float | None:
+        """Wall-clock opening of ar's training window (known from the first batch), or None (no feed)."""
+        return self._feed.window_start if self._feed is not None else None
+
     def _plan(self) -> tuple[np.ndarray, np.ndarray, int]:
         docs: list[int] = []
         takes: list[int] = []
