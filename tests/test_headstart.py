@@ -164,3 +164,86 @@ def test_a_row_says_when_its_window_got_a_second_or_more_back(extended, said):
     assert (note is not None) is said
     if said:
         assert f"{extended:.1f}s past its budget" in note and "training window was" not in note   # not a short one
+
+
+@pytest.mark.parametrize("head, evals, expect", [
+    (0.3, 0.0, (0.3, 0.0)),                          # a warm start-up's warm-up steps
+    (0.0, 8.9, (0.0, 8.9)),                          # the last run's evaluation beside the window
+    (40.0, 90.0, (headstart.LEAD_CAP, headstart.EVAL_CAP)),   # each capped: a window is never doubled
+    (-1.0, -2.0, (0.0, 0.0)),                        # a meter's odd read gives back nothing, takes nothing
+])
+def test_what_a_window_gets_back_from_each_neighbour(head, evals, expect):
+    assert headstart.given_back(head, evals) == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("head, evals, said", [
+    (0.3, 0.0, None), (0.0, 0.6, None),
+    (0.3, 8.9, "ran 9.2s past its budget: the GPU seconds used beside it (the next run's head start 0.3s, "
+               "the evaluation beside it 8.9s)"),
+    (0.0, 8.9, "ran 8.9s past its budget: the GPU seconds used beside it (the evaluation beside it 8.9s)"),
+])
+def test_a_row_says_which_neighbour_its_seconds_came_back_for(head, evals, said):
+    note = headstart.given_back_note(head, evals)
+    assert note is None if said is None else said in note
+
+
+def test_the_turn_names_the_processes_of_every_evaluator_on_its_gpu_and_a_moved_window_end():
+    turn = GpuTurn(threading.Event())
+    assert turn.evaluator_pids() == set()
+    turn.evaluating(0, lambda: {10, 11})
+    turn.evaluating(1, lambda: {20})
+    turn.evaluating(1, lambda: {21, 22})             # a slot's server restarted: its new processes, not the old
+    assert turn.evaluator_pids() == {10, 11, 21, 22}
+    assert turn.take("a") == "turn"
+    turn.opened("a", 100.0, lambda: {30})
+    turn.moved("b", 150.0)                           # not the holder: no say
+    turn.moved("a", 108.5)
+    turn.moved("a", 104.0)                           # a window given seconds back is never shortened
+    assert turn.window_end == 108.5
+
+
+def test_only_the_evaluators_reported_gpu_seconds_come_back_not_a_process_that_left_a_proposals_tree():
+    """The attack: a proposal double-forks a GPU worker out of its run's tree, so it belongs to no run, and burns
+    the GPU while its own window trains, hoping its window is paid for that as for an evaluation beside it. Only
+    the evaluators' processes are read; and an evaluator's worker that exits is given back what the driver
+    reported, not the wall time to its exit (as a run's exiting helper is charged)."""
+    from tests.test_gputime import NvmlStandIn
+    from autoresearch.harness import gputime
+    turn = GpuTurn(threading.Event())
+    evaluator = {40, 41}                             # the server and a model worker of the other slot
+    turn.evaluating(1, lambda: set(evaluator))
+    nv = NvmlStandIn()
+    meter, _ = gputime.open_meter(nv)
+    meter.floor_exits = False
+    clock = [100.0]
+    meter.now = lambda: clock[0]
+    alive = {40, 41, 77}
+    meter.alive = lambda pid: pid in alive
+    meter.start(turn.evaluator_pids)
+    t0 = meter._last[0]
+    nv.samples = [(41, t0 + k * 200_000, 100) for k in range(1, 6)] + \
+                 [(77, t0 + k * 200_000, 100) for k in range(1, 51)]      # 77: the runaway, 10 s of GPU
+    meter.read()
+    clock[0] += 20.0                                 # the worker exits 20 s later
+    alive.discard(41)
+    evaluator.discard(41)
+    assert meter.seconds() == pytest.approx(1.0)
+    meter.stop()
+
+
+@pytest.mark.integration
+def test_an_evaluator_server_names_its_processes_while_it_runs_and_none_once_stopped(tmp_path):
+    from autoresearch.experiment.evaluate import Server
+    server = Server(tmp_path / "evaluator.log")
+    assert server.pids() == set()
+    proc = server.ensure()
+    try:
+        for _ in range(200):                         # its fork server is forked at its start
+            if len(server.pids()) >= 2:
+                break
+            time.sleep(0.05)
+        pids = server.pids()
+        assert proc.pid in pids and len(pids) >= 2, (pids, (tmp_path / "evaluator.log").read_text()[-2000:])
+    finally:
+        server.close()
+    assert server.pids() == set()

@@ -49,6 +49,7 @@ class GpuTurn:
         self.holder_pids = None                   # () -> the holder's process ids
         self.startups: list[float] = []           # each run's start-up here, go → first batch, less its wait
         self.next_used = None                     # () -> GPU seconds the run that started early has used
+        self.evaluators: dict = {}                # slot -> () -> the pids of its evaluator's processes
         self.line: list = []                      # the runs waiting in take(), in the order they asked
 
     def take(self, who, early=None, cancel: threading.Event | None = None) -> str | None:
@@ -90,6 +91,23 @@ class GpuTurn:
         with self._cv:
             if self.holder is who:
                 self.window_end, self.holder_pids = window_end, pids
+
+    def moved(self, who, window_end: float) -> None:
+        """The holder's window closes later (seconds given back to it): the next head start is timed from then."""
+        with self._cv:
+            if self.holder is who and self.window_end is not None:
+                self.window_end = max(self.window_end, window_end)
+
+    def evaluating(self, slot, pids) -> None:
+        """Slot `slot` scores its checkpoints on this GPU; `pids()` names its evaluator's processes now."""
+        with self._cv:
+            self.evaluators[slot] = pids
+
+    def evaluator_pids(self) -> set[int]:
+        """Every process of the evaluators of the slots on this GPU (what a window gets back: headstart.py)."""
+        with self._cv:
+            each = list(self.evaluators.values())
+        return set().union(*(pids() for pids in each))
 
     def give_back(self, who) -> None:
         """The run `who` is done with the GPU (or, started early, gives up its place)."""
@@ -193,6 +211,8 @@ def train_here(lp, ctx: SlotContext, x: Experiment, budget: float, seed: int, tu
     stopped it early or None). `hold`: the baseline the run waits for (scheduler.BaselineGate); a baseline
     lets it go once it has trained cleanly, before its own evaluation."""
     req = lp.request(ctx, x, budget, seed)
+    if turn is not None:
+        turn.evaluating(ctx.slot.index, ctx.server.pids)
     watch = (DegradedWatch(min_mfu=lp.cfg.min_mfu, min_tokens_per_s=lp.cfg.min_tokens_per_s,
                            warmup_steps=lp.cfg.degraded_warmup_steps, patience=lp.cfg.degraded_patience)
              if lp.cfg.min_mfu is not None or lp.cfg.min_tokens_per_s is not None else None)

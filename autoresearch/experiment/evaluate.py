@@ -22,7 +22,7 @@ from autoresearch.harness import sandbox
 from autoresearch.harness.data import hidden_sources
 from autoresearch.harness.env import KEPT_ENV
 from autoresearch.experiment.request import RunRequest
-from autoresearch.experiment.execute import Workspace
+from autoresearch.experiment.execute import Workspace, tree_pids
 
 _ENV = KEPT_ENV + ("AR_GPU_MEMORY_GB", "LD_LIBRARY_PATH")
 
@@ -69,6 +69,13 @@ class Server:
                     [sys.executable, "-I", "-B", "-m", "autoresearch.harness.evaluator", "serve"], cwd="/", env=env,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True, bufsize=0)
         return self.proc
+
+    def pids(self) -> set[int]:
+        """The evaluator's processes now: the server, its fork server and the model workers (none when stopped)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return set()
+        return tree_pids(proc)
 
     def send(self, line: str) -> bool:
         try:

@@ -228,6 +228,9 @@ class TrainingRun:
         self.early_by: float | None = None    # it went this long before the holder's window closed (a head start)
         self.turn_wait = 0.0                  # ... and its first batch then waited this long for the turn
         self.memory_seen: tuple[int, int, int] | None = None   # the GPU's memory when the head start was weighed
+        self.eval_meter: gputime.GpuMeter | None = None   # the evaluators' GPU seconds through the window
+        self.window_end0: float | None = None             # when the window closes, before anything is given back
+        self.given = (0.0, 0.0)               # seconds given back to the window: (head start, evaluations)
         self.closing = threading.Event()
         self.gone = False                     # past its gate: ar's clock runs
         # its workspace was seeded before the baseline's compile reached the store: it takes that when it goes
@@ -241,7 +244,7 @@ class TrainingRun:
         self.feed = (Feed(req.tok_dir, seed=req.seed, budget=req.time_budget, on_open=self.opened,
                           before_open=self.wait_turn if turn is not None else None,
                           extension=self.lent if turn is not None and req.device == "cuda" else None,
-                          extension_cap=headstart.LEAD_CAP) if req.tok_dir else None)
+                          extension_cap=headstart.LEAD_CAP + headstart.EVAL_CAP) if req.tok_dir else None)
 
     def command(self) -> list[str]:
         cmd = list(self.req.train_command)
@@ -281,7 +284,13 @@ class TrainingRun:
         self.start_cost = (used, cost, why)
         if self.turn is not None and self.taken:     # for the next run's head start: when this window closes
             self.turn.startups.append(wall)
-            self.turn.opened(self, time.time() + self.req.time_budget - cost, lambda: tree_pids(self.proc))
+            self.window_end0 = time.time() + self.req.time_budget - cost
+            self.turn.opened(self, self.window_end0, lambda: tree_pids(self.proc))
+            if self.meter is not None:               # the evaluations beside the window, from its opening
+                self.eval_meter = gputime.open_meter()[0]
+                if self.eval_meter is not None:
+                    self.eval_meter.floor_exits = False
+                    self.eval_meter.start(self.turn.evaluator_pids)
         if cpu is not None:
             self.samples.append((time.time(), cpu))
             threading.Thread(target=self.sample, name="ar-cpu", daemon=True).start()
@@ -332,9 +341,17 @@ class TrainingRun:
 
     def lent(self) -> float:
         """While this run holds the GPU: what a run that started early beside its window has used of the GPU (its
-        own meter), added to this window (harness/feed.py): a start-up that takes the GPU from its neighbour gives
-        the neighbour's window nothing less, and pays past its allowance from its own."""
-        return self.turn.lent() if self.taken else 0.0
+        own meter), and what the evaluators of the slots on this GPU have used since the window opened, added to
+        this window (harness/feed.py; each capped: headstart.given_back). A start-up that takes the GPU from its
+        neighbour gives the neighbour's window nothing less, and pays past its allowance from its own; the last
+        run's evaluation leaves a candidate's window as long as the baseline's, which had none beside it."""
+        if not self.taken:
+            return 0.0
+        self.given = headstart.given_back(self.turn.lent(),
+                                          self.eval_meter.seconds() if self.eval_meter is not None else 0.0)
+        if self.window_end0 is not None:
+            self.turn.moved(self, self.window_end0 + sum(self.given))
+        return sum(self.given)
 
     def wait_turn(self) -> bool:
         """The feed's first request: a run that took a head start waits here for its turn (the window opens
@@ -433,8 +450,9 @@ class TrainingRun:
     def close(self) -> None:
         self.closing.set()
         self.sampled.set()
-        if self.meter is not None:
-            self.meter.stop()
+        for meter in (self.meter, self.eval_meter):
+            if meter is not None:
+                meter.stop()
         for t in self.timers:                  # a run that ended early: the evaluator's workers start at "go"
             t.cancel()
             t.join()
@@ -473,9 +491,10 @@ class TrainingRun:
                   "train_tokens": len(feed.tokens) if feed is not None else 0,
                   "cache_seeded_late": self.seeded_late, "head_start": self.early_by, "turn_wait": self.turn_wait,
                   "window_extended": feed.extended if feed is not None else 0.0,
+                  "given_back_head_start": self.given[0], "given_back_evaluations": self.given[1],
                   "memory_seen": list(self.memory_seen) if self.memory_seen else None}
         used, _, why = self.start_cost
-        lent = headstart.given_back_note(feed.extended if feed is not None else 0.0)
+        lent = headstart.given_back_note(*self.given) if feed is not None and feed.extended > 0 else None
         why = f"{why}; {lent}" if why and lent else why or lent
         startup = opened_at - t0 - self.turn_wait if opened_at is not None else None     # a head start's wait is not it
         return TrainOutcome(result, startup, v.trained, v.interval, v.over, self.req.sandbox, started_at=t0,

@@ -17,6 +17,14 @@ first batch until the turn is really its own (the other run has exited). What ke
 - only where the GPU's memory holds both: its free memory must hold the running run's again and the evaluator's
   workers (a warm-up allocates what a window holds; an out-of-memory in the neighbour's evaluation would lose
   its result). `AR_GPU_MEMORY_GB` (an emulated smaller card) counts as the card's size.
+
+The other neighbour of a window is the evaluation of the run before it: that run's window closed when this one
+opened, and its evaluator scores the checkpoint (10–20 s on an H100) while this window trains. A baseline never has
+one beside it, so every candidate would train a little less than the baseline did. Its GPU seconds during the window
+are given back too (`given_back`, at most `EVAL_CAP`), read from the driver for the processes of the evaluators of
+the slots on this GPU only: never "every other process", which a proposal could join by double-forking a GPU
+worker out of its own tree, and only what the driver reported (an evaluator's worker that exits is not charged to
+its exit, as a run's helper is: gputime.GpuMeter.floor_exits).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Sequence
 LEAD_CAP = 15.0             # seconds: the most a run starts before the running window's end
 MEMORY_FACTOR = 1.1         # the next run's start-up may take what the running run holds (its warm-up steps) ...
 EVAL_ROOM = 8 * 2**30       # ... + the evaluator's two model workers (logits buffers of 2 GiB each, activations)
+EVAL_CAP = 30.0             # seconds: the most a window gets back for the evaluations beside it
 SAID_FROM = 1.0             # seconds given back to a window from which its row says so (a warm-up lends about 0.3)
 
 
@@ -56,9 +65,17 @@ def fits(free: int, total: int, held: int, cap: int | None = None) -> bool:
     return free >= MEMORY_FACTOR * held + EVAL_ROOM
 
 
-def given_back_note(extended: float) -> str | None:
-    """What a run's row says of the seconds its window ran past its budget beside a head start, or None."""
-    if extended < SAID_FROM:
+def given_back(head_start: float, evaluations: float) -> tuple[float, float]:
+    """The seconds a window gets back, each capped: what the next run's head start, and the evaluators' processes,
+    used of the GPU during it."""
+    return min(max(head_start, 0.0), LEAD_CAP), min(max(evaluations, 0.0), EVAL_CAP)
+
+
+def given_back_note(head_start: float, evaluations: float = 0.0) -> str | None:
+    """What a run's row says of the seconds its window ran past its budget (given_back's two parts), or None."""
+    if head_start + evaluations < SAID_FROM:
         return None
-    return (f"its window ran {extended:.1f}s past its budget: the GPU seconds the next run's head start used beside "
-            "it, given back")
+    parts = [f"{what} {s:.1f}s" for what, s in (("the next run's head start", head_start),
+                                                  ("the evaluation beside it", evaluations)) if s >= 0.05]
+    return (f"its window ran {head_start + evaluations:.1f}s past its budget: the GPU seconds used beside it "
+            f"({', '.join(parts)}), given back")

@@ -74,6 +74,8 @@ class GpuMeter:
         self.gone: dict[int, int] = {}                     # pid -> when (µs) a read first found it gone
         self.now: Callable[[], float] = time.time          # the clock (a test's own)
         self.alive: Callable[[int], bool] = process_alive  # whether a process still exists (a test's own)
+        self.floor_exits = True    # charge an exited process from its first sample to its exit (charged_seconds);
+        # off where the seconds are given back rather than charged (what the driver reported, and no more)
         self._last = [0] * len(handles)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -113,10 +115,12 @@ class GpuMeter:
 
     def seconds(self) -> float:
         """GPU seconds of the run's processes so far, on every GPU (read first, so the last period counts); one
-        that has left the run is charged at least from its first sample to its leaving (charged_seconds)."""
+        that has left the run is charged at least from its first sample to its leaving (charged_seconds), unless
+        `floor_exits` is off."""
         self.read()
         with self._lock:
-            return sum(charged_seconds(got, self.pids, self.gone, sample_period(t for _, t, _ in got))
+            gone = self.gone if self.floor_exits else {}
+            return sum(charged_seconds(got, self.pids, gone, sample_period(t for _, t, _ in got))
                        for got in self.samples)
 
     def memory(self, pids: set[int]) -> tuple[int, int, int] | None:
