@@ -24,16 +24,21 @@ def test_what_the_setting_asks_for(mode, device, expect):
     assert headstart.asked(mode, device) is expect
 
 
+A, B = False, True      # a start-up alone on the GPU; beside a training window (a head start)
+
+
 @pytest.mark.parametrize("startups, expect", [
-    ([], None),                          # no start-up seen on this GPU yet: no head start
-    ([4.0], 4.0),
-    ([3.0, 9.0, 5.0], 5.0),              # the median of the last three
-    ([1.0, 2.0, 50.0, 3.0, 4.0], 4.0),   # one cold compile among them moves nothing
-    ([40.0, 38.0, 41.0], headstart.LEAD_CAP),   # never more than the cap ahead
-    ([-1.0], None),
+    ([], None),                                          # no start-up seen on this GPU yet: no head start
+    ([(4.0, A)], 4.0 * headstart.BESIDE_FACTOR),         # alone only: one beside a window takes longer
+    ([(3.0, A), (9.0, A), (5.0, A)], 5.0 * headstart.BESIDE_FACTOR),   # the median of the last three
+    ([(41.8, A), (7.6, A), (11.0, B)], 11.0),            # once one ran beside a window, those are what count
+    ([(1.0, B), (2.0, B), (50.0, B), (3.0, B), (4.0, B), (2.0, A)], 4.0),   # a cold compile among them moves nothing
+    ([(40.0, B), (38.0, B), (41.0, B)], headstart.LEAD_CAP),   # never more than the cap ahead
+    ([(-1.0, A)], None),
 ])
-def test_the_lead_is_the_recent_start_up_capped(startups, expect):
-    assert headstart.lead(startups) == expect
+def test_the_lead_is_the_recent_start_up_where_the_next_one_will_run_capped(startups, expect):
+    assert headstart.lead(startups) == pytest.approx(expect) if expect is not None else \
+        headstart.lead(startups) is None
 
 
 @pytest.mark.parametrize("now, end, lead, expect", [

@@ -47,7 +47,8 @@ class GpuTurn:
         self.holder = self.next = None            # the run holding the GPU; the one that started early
         self.window_end: float | None = None      # wall clock: the holder's window closes
         self.holder_pids = None                   # () -> the holder's process ids
-        self.startups: list[float] = []           # each run's start-up here, go → first batch, less its wait
+        self.startups: list = []                  # each run's start-up here (go → first batch, less its wait),
+        # and whether it ran beside a window (a head start)
         self.next_used = None                     # () -> GPU seconds the run that started early has used
         self.evaluators: dict = {}                # slot -> () -> the pids of its evaluator's processes
         self.line: list = []                      # the runs waiting in take(), in the order they asked

@@ -283,7 +283,7 @@ class TrainingRun:
         cost, why = clock.start_up_cost(self.credit, self.req.device, wall, used, self.startup_gpu)
         self.start_cost = (used, cost, why)
         if self.turn is not None and self.taken:     # for the next run's head start: when this window closes
-            self.turn.startups.append(wall)
+            self.turn.startups.append((wall, self.early_by is not None))
             self.window_end0 = time.time() + self.req.time_budget - cost
             self.turn.opened(self, self.window_end0, lambda: tree_pids(self.proc))
             if self.meter is not None:               # the evaluations beside the window, from its opening

@@ -36,6 +36,7 @@ LEAD_CAP = 15.0             # seconds: the most a run starts before the running 
 MEMORY_FACTOR = 1.1         # the next run's start-up may take what the running run holds (its warm-up steps) ...
 EVAL_ROOM = 8 * 2**30       # ... + the evaluator's two model workers (logits buffers of 2 GiB each, activations)
 EVAL_CAP = 30.0             # seconds: the most a window gets back for the evaluations beside it
+BESIDE_FACTOR = 2.0         # a start-up beside a training window against one alone (H100: 15.5 s against 7.6–8.0)
 SAID_FROM = 1.0             # seconds given back to a window from which its row says so (a warm-up lends about 0.3)
 
 
@@ -45,11 +46,16 @@ def asked(mode: bool | str, device: str) -> bool:
     return mode is True or (mode == "auto" and device == "cuda")
 
 
-def lead(startups: Sequence[float]) -> float | None:
+def lead(startups: Sequence[tuple[float, bool]]) -> float | None:
     """How long before the running window's end the next run starts: the median of the last three start-ups on
-    this GPU (go → first batch asked, less any wait for the turn), at most LEAD_CAP; None before any."""
-    recent = [s for s in startups[-3:] if s >= 0]
-    return min(LEAD_CAP, statistics.median(recent)) if recent else None
+    this GPU (go → first batch asked, less any wait for the turn) that ran beside a window, as the next one will;
+    before any did, `BESIDE_FACTOR` × the median of the last three that ran alone. At most LEAD_CAP; None before
+    any start-up. `startups`: (seconds, beside a window) in the order they were seen."""
+    for beside, factor in ((True, 1.0), (False, BESIDE_FACTOR)):
+        recent = [s for s, b in startups if b is beside and s >= 0][-3:]
+        if recent:
+            return min(LEAD_CAP, factor * statistics.median(recent))
+    return None
 
 
 def due(now: float, window_end: float | None, lead_s: float | None) -> bool:
