@@ -56,11 +56,9 @@ PY
     grep -q "^training_seconds" "$f" || { echo "-- $f"; grep -v "^step" "$f" | tail -8; }
   done
   du -sh $AR_CACHE/compile /tmp/uscache/compile 2>/dev/null
-  mkdir -p "$OUT/$tag-logs"     # every step line and timing of each run: what ran beside a window's steps
-  for d in "$ws"/runs/$tag/0*/; do
-    e=$(basename "$d"); cp "$d/train.log" "$OUT/$tag-logs/$e-train.log" 2>/dev/null
-    cp "$d/timing.json" "$OUT/$tag-logs/$e-timing.json" 2>/dev/null
-  done
+  # every step line, timing and record of each run, in one file (8 files come back from a call)
+  (cd "$ws/runs/$tag" && tar czf "$OUT/$tag-logs.tgz" 0*/train.log 0*/timing.json 0*/record.json 0*/metrics.json \
+      2>/dev/null)
 done
 if [[ -n ${DIAG:-} ]]; then    # the trust path's own check and the fresh re-score's cost (bench/diag_trust_gpu.py)
   timeout "${DIAG_LIMIT:-120}" python3 "$REPO/bench/diag_trust_gpu.py" --eval-tokens 10485760 --repeat "${DIAG:-2}" \

@@ -38,8 +38,25 @@ def load(tag_dir: Path) -> list[dict]:
         d["transfer"] = record.get("transfer")
         d["eval_after_go"] = (record.get("seconds") or {}).get("after_go")
         d["fresh_seconds"] = record.get("fresh_seconds")
+        d["slow_steps"] = slow_steps(t.parent / "train.log")
         out.append(d)
     return out
+
+
+def slow_steps(log: Path, factor: float = 1.3) -> tuple[int, float] | None:
+    """(how many steps took over `factor` × the run's median step, the seconds they took beyond the median): what
+    ran beside the window (the last run's evaluation, the next run's head start) cost it. None without steps."""
+    from autoresearch.experiment.metrics import parse_step
+    try:
+        dts = [p.dt_ms / 1e3 for line in log.read_text(errors="replace").splitlines()
+               if line.startswith("step ") and (p := parse_step(line)) is not None]
+    except OSError:
+        return None
+    if not dts:
+        return None
+    med = statistics.median(dts)
+    slow = [dt for dt in dts if dt > factor * med]
+    return len(slow), sum(dt - med for dt in slow)
 
 
 def span(d: dict, a: str, b: str) -> float | None:
@@ -59,8 +76,9 @@ def table(tag_dir: Path) -> dict:
             ("window", "window_start", "window_end"), ("last step + save", "window_end", "checkpoint"),
             ("exit", "checkpoint", "process_exit"), ("eval", "eval_start", "eval_done")]
     lines = ["| exp | status | trusted | seeded MB | " + " | ".join(c[0] for c in cols)
-             + " | window % of budget | start-up CPU s | head start s | turn wait s | tok/s | GPU idle gap |",
-             "|" + " --- |" * (len(cols) + 10)]
+             + " | window % of budget | start-up CPU s | head start s | turn wait s | given back s (head start + "
+             "eval) | slow steps (excess s) | tok/s | GPU idle gap |",
+             "|" + " --- |" * (len(cols) + 12)]
     budget = lambda d: float(d["row"].get("time_budget") or 0) or None          # noqa: E731
     for d in exps:
         r = d["row"]
@@ -72,6 +90,8 @@ def table(tag_dir: Path) -> dict:
                      + " | ".join("–" if c is None else f"{c:.1f}" for c in cells)
                      + f" | {share} | {'–' if cpu is None else f'{cpu:.1f}'}"
                      + "".join(f" | {'–' if d.get(k) is None else f'{d[k]:.1f}'}" for k in ("head_start", "turn_wait"))
+                     + f" | {d.get('given_back_head_start') or 0:.1f} + {d.get('given_back_evaluations') or 0:.1f}"
+                     + (f" | {d['slow_steps'][0]} ({d['slow_steps'][1]:.1f})" if d.get("slow_steps") else " | –")
                      + f" | {r.get('tokens_per_s') or '–'} | "
                      + ("–" if d.get("gap") is None else f"{d['gap']:.1f}" + (" (eval overlapped)" if d.get(
                          "eval_overlaps_window") else "")) + " |")
@@ -90,6 +110,8 @@ def table(tag_dir: Path) -> dict:
                "head_start": [d.get("head_start") for d in exps], "turn_wait": [d.get("turn_wait") for d in exps],
                "memory_seen": [d.get("memory_seen") for d in exps],
                "window_extended": [d.get("window_extended") for d in exps],   # given back beside a head start
+               "given_back": [(d.get("given_back_head_start"), d.get("given_back_evaluations")) for d in exps],
+               "slow_steps": [d.get("slow_steps") for d in exps],      # what ran beside each window cost it
                "transfer": [d.get("transfer") for d in exps],
                "eval_after_go": [d.get("eval_after_go") for d in exps],
                "fresh_seconds": [d.get("fresh_seconds") for d in exps],
@@ -113,7 +135,7 @@ def table(tag_dir: Path) -> dict:
                      f"seconds after go: {summary['eval_after_go']} (of which the fresh re-score "
                      f"{summary['fresh_seconds']})")
     tails = [t for t in summary["tails"] if t is not None]
-    if tails:
+    if tails and summary["trained_share"]:
         lines.append(f"window's end -> checkpoint: {min(tails):.2f} to {max(tails):.2f} s (median "
                      f"{statistics.median(tails):.2f}); trained {min(summary['trained_share']):.2%} to "
                      f"{max(summary['trained_share']):.2%} of the budget; clock.json {summary['clock']}")
