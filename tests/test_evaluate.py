@@ -42,17 +42,33 @@ import torch
 class Fixed(torch.nn.Module):
     """The same logits at every position, whatever the input."""
 
-    def __init__(self, vocab, peek=0.0, by_row=0.0, memo=0.0):
+    def __init__(self, vocab, peek=0.0, by_row=0.0, memo=0.0, peek_upto=0, replay=0):
         super().__init__()
         self.bias = torch.nn.Parameter(torch.zeros(vocab))
-        self.peek, self.by_row, self.memo = peek, by_row, memo
-        self.seen, self.answers = 0, {}
+        self.peek, self.by_row, self.memo, self.peek_upto, self.replay = peek, by_row, memo, peek_upto, replay
+        self.seen, self.answers, self.prev = 0, {}, None
+
+    def peeked(self, idx):
+        B, T = idx.shape
+        out = self.bias.expand(B, T, -1).clone()
+        if self.peek:      # cheats: raises the logit of the next token (at positions before peek_upto, if set)
+            bet = torch.full((B, T, 1), self.peek)
+            if self.peek_upto:
+                bet[:, self.peek_upto:] = 0
+            out.scatter_add_(2, torch.roll(idx, -1, 1).unsqueeze(-1), bet)
+        return out
 
     def forward(self, idx):
         B, T = idx.shape
-        out = self.bias.expand(B, T, -1).clone()
-        if self.peek:      # cheats: raises the logit of the next token
-            out.scatter_add_(2, torch.roll(idx, -1, 1).unsqueeze(-1), torch.full((B, T, 1), self.peek))
+        out = self.peeked(idx)
+        if self.replay:    # a row that shares `replay` or more first tokens with a row of the last call (a probe of
+            prev, self.prev = self.prev, idx.clone()      # it, as the causality check sends) gets that row's answers
+            if prev is not None:                          # up to where they part: the check sees nothing move
+                for r in range(B):
+                    same = (idx[r].unsqueeze(0) == prev).int().cumprod(1).sum(1)
+                    L, p = int(same.max()), int(same.argmax())
+                    if L >= self.replay:
+                        out[r, :L] = self.peeked(prev[p:p + 1])[0, :L]
         if self.by_row:    # keys on the row's position in the batch
             out += self.by_row * torch.arange(B, dtype=out.dtype).view(B, 1, 1)
         if self.memo:      # learns from the stream (how many rows it saw), each answer memoised by its prefix
@@ -68,18 +84,20 @@ class Fixed(torch.nn.Module):
 
 
 def fixed(config):
-    return Fixed(config["vocab"], config.get("peek", 0.0), config.get("by_row", 0.0), config.get("memo", 0.0))
+    return Fixed(config["vocab"], config.get("peek", 0.0), config.get("by_row", 0.0), config.get("memo", 0.0),
+                 config.get("peek_upto", 0), config.get("replay", 0))
 '''
 
 
 def handmade(root: Path, token_bytes: list[int], ndocs: int = 200, seed: int | None = None) -> Path:
     """A tokenized folder written by hand: identical documents [BOS=0, 1, 2, 3], so every row of 8 tokens is
     two of them and its 7 targets are 1 2 3 0 1 2 3 (0, the BOS, stands for no bytes); with a seed, documents
-    [BOS, a, b, c] of random tokens instead (rows that differ)."""
+    [BOS, a, b, c] of random tokens instead (rows that differ), from the whole vocabulary but the BOS."""
     tok = root / "hand" / "tok-4"
     tok.mkdir(parents=True)
     rng = np.random.default_rng(seed)
-    docs = [np.array([0, 1, 2, 3]) if seed is None else np.array([0, *rng.integers(1, 4, 3)]) for _ in range(ndocs)]
+    docs = [np.array([0, 1, 2, 3]) if seed is None else np.array([0, *rng.integers(1, len(token_bytes), 3)])
+            for _ in range(ndocs)]
     counts = {}
     for split in ("train", "val"):
         flat = np.concatenate(docs).astype(np.uint16)
@@ -236,6 +254,44 @@ def test_a_model_that_looks_ahead_is_rejected(tmp_path, server, job):
     tok = handmade(tmp_path, [0, 1, 2, 3])
     rec = server.score(job(tok, [0.0] * 4, eval_tokens=4 * T, rows=4, peek=3.0))
     assert rec["val_bpb"] is None and "looks ahead" in rec["rejected"] and rec["causal_max_diff"] > 1
+
+
+LONG = 63                       # rows of 64 tokens: where a quarter of a row is 15 positions
+
+
+def _long(tmp_path, job, **cheat) -> dict:
+    """A request over rows of LONG tokens, 64-token vocabulary, 4 batches of 16 rows, 16 rows scored again fresh."""
+    tok = handmade(tmp_path, [0] + [1] * 63, ndocs=2000, seed=5)
+    return {**job(tok, [0.0] * 64, eval_tokens=4 * 16 * LONG, rows=16, **cheat), "seq_len": LONG}
+
+
+def test_a_model_that_looks_ahead_only_in_the_first_quarter_of_each_row_is_rejected(tmp_path, server, job):
+    """The causality check's cuts were drawn from the last three quarters of a row, so logits were compared only
+    before a cut at T/4 or later: a look at the next token at the first positions changed nothing the check
+    compared, and the fresh worker, shown the same rows, looked the same way. A quarter of every row's tokens
+    came nearly free."""
+    rec = server.score(_long(tmp_path, job, peek=3.0, peek_upto=14))
+    assert rec["val_bpb"] is None and "looks ahead" in (rec["rejected"] or ""), rec
+
+
+def test_a_model_that_answers_a_probe_as_it_answered_the_row_before_it_is_rejected(tmp_path, server, job):
+    """It looks ahead everywhere, and keeps the last call's rows: a row that begins as one of them (15 tokens or
+    more, as the causality probe of that batch does) gets that row's own answers up to where the two part. So the
+    probe sees nothing move, and the fresh worker, shown the same rows, looks ahead the same way. What it cannot
+    answer: a row cut at a secret point that it was never shown whole (the fresh worker's rows)."""
+    rec = server.score(_long(tmp_path, job, peek=3.0, replay=15))
+    assert rec["val_bpb"] is None and "looks ahead" in (rec["rejected"] or ""), rec
+    honest = server.score(_long(tmp_path / "honest", job))
+    assert honest["rejected"] is None and honest["fresh_max_diff"] == 0 and honest["causal_max_diff"] == 0, honest
+
+
+def test_the_fresh_re_score_alone_catches_a_look_ahead(tmp_path, server, job):
+    """The main worker's causality probe off (`causal_rows` 0): the fresh worker's rows, each cut at a secret point
+    with random tokens after, catch a model that looks ahead at every position. Shown the rows whole, as before,
+    it looked ahead the same way as in the main pass and saw no difference."""
+    rec = server.score({**_long(tmp_path, job, peek=3.0), "causal_rows": 0})
+    assert rec["val_bpb"] is None and "looks ahead" in (rec["rejected"] or "") and "fresh" in rec["rejected"], rec
+    assert rec["fresh_max_diff"] > 1, rec
 
 
 def test_a_model_that_keys_on_the_batch_position_is_rejected(tmp_path, server, job):
@@ -493,3 +549,20 @@ def test_a_gpu_evaluation_that_fell_back_to_the_host_says_so_in_the_row():
     assert "mapping of buffer object failed" in _slow_transfer(fell_back)
     for rec in ({"transfer": "ipc"}, {"transfer": "host"}, {}):     # IPC, or the CPU's host transfer: nothing said
         assert _slow_transfer(SimpleNamespace(verdict=SimpleNamespace(record=rec))) is None
+
+
+@pytest.mark.parametrize("k, T", [(4, 2048), (32, 2048), (4, 63), (16, 63), (4, 7), (8, 7), (1, 2)])
+def test_secret_cuts_fall_one_in_each_stretch_of_the_row_and_anywhere_in_it(k, T):
+    """Where the causality probes cut (harness/evaluator._cuts): every cut in [1, T), one in each of k equal
+    stretches, in a secret order; over many draws every position can be the last before a cut."""
+    import random
+    from autoresearch.harness.evaluator import _cuts
+    seen = set()
+    for seed in range(400):
+        cuts = _cuts(random.Random(seed), k, T)
+        assert len(cuts) == k and all(1 <= c < T for c in cuts), cuts
+        span = (T - 1) / k
+        assert all(1 + int(i * span) <= c <= 1 + int((i + 1) * span) for i, c in enumerate(sorted(cuts))), cuts
+        seen |= set(cuts)
+    if 400 >= 12 * (T - 1) / k:                   # each position missed with odds under e^-12
+        assert seen == set(range(1, T)), sorted(set(range(1, T)) - seen)[:10]

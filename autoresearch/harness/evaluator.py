@@ -24,15 +24,18 @@ Checks, each a rejection with a reason a user can read:
 - the validation files, token-bytes table and tokenizer hash to the session's manifest (sha256);
 - logits are finite and of shape [rows, T, vocab];
 - causality: at a batch chosen in secret, a few rows are sent again with the tokens after a secret cut replaced
-  by random ones, in a shuffled batch; logits before the cut must not change (a model that looks ahead fails);
+  by random ones, in a shuffled batch; logits before the cut must not change (a model that looks ahead fails).
+  Cuts fall anywhere in a row, one in each of as many equal stretches as there are rows (`_cuts`);
 - purity: the other rows of that batch, sent again in other positions, must give the same logits (a model
   that learns from what it is shown, or keys on batch position, fails);
 - freshness: a secret sample of rows from every batch scored (hold-out included) is scored again by a second
   worker process, started only once the main worker, its buffer owner, every process it left and every file it
   made in its folder are gone (no socket to connect to, no file to read or stat: the two never run side by
   side), shown one call of random rows first (not scored), then the sample with batch-mates from other
-  batches; its logits must give the same losses (a model that learns from the evaluation stream, a cache or a
-  memo of what it was shown, fails even when it repeats itself for the purity and causality checks).
+  batches, each row only up to a secret cut (random tokens after it); its losses before the cut must match the
+  main pass's (a model that learns from the evaluation stream, a cache or a memo of what it was shown, fails even
+  when it repeats itself for the purity and causality checks; and so does one that looks ahead and answers the
+  causality probe of a row as it answered the row, since here no row is ever shown whole).
 A hold-out slice (validation rows after the evaluated ones) is scored the same way and written only to the
 private file the runner names, never to the record or any log.
 
@@ -578,26 +581,52 @@ def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
     return {p: None for p in out}
 
 
+def _cuts(secret, k: int, T: int) -> list[int]:
+    """k secret cut points in [1, T), one in each of k equal strata of the row, in a secret order: a row's
+    tokens from its cut on are replaced by random ones, and its logits before the cut must not move. Every
+    position of a row can be the last before a cut (a look ahead anywhere can be caught there), and a look ahead
+    over any stretch of two strata's length is caught for certain."""
+    if k <= 0:
+        return []
+    span = (T - 1) / k
+    cuts = [min(T - 1, 1 + int((i + secret.random()) * span)) for i in range(k)]
+    secret.shuffle(cuts)
+    return cuts
+
+
 def _check_fresh(fresh, batches, sample: dict, secret, device, req: dict, record: dict) -> None:
     """Score the sampled rows again in the fresh worker, shuffled together, after rows of random tokens (a model
     with a history is then sure to have another one than when the main worker scored them, whatever the sample's
-    order); their losses must not move."""
+    order); their losses before a secret cut must not move. Each row is shown only up to its cut, random tokens
+    after (_cuts), and never whole: a model that looks ahead and answers a probe of a row it was shown as it
+    answered that row (so the main worker's causality check saw nothing move) has no such row here, and its loss
+    at the last position before the cut, where the main pass saw the real next token, moves."""
     import torch
     fresh.expect("ready")
     pairs = list(sample)
     secret.shuffle(pairs)
     x = torch.stack([batches[b][0][r] for b, r in pairs]).to(device)
     y = torch.stack([batches[b][1][r] for b, r in pairs]).to(device)
+    T, V = x.size(1), fresh.out.size(-1)
     gen = torch.Generator().manual_seed(secret.getrandbits(63))
-    _call(fresh, torch.randint(0, fresh.out.size(-1), tuple(x.shape), generator=gen).to(device))   # not scored
-    again = _nll(_call(fresh, x), y).double().cpu()
-    diff = max(float((again[i] - sample[p]).abs().max()) for i, p in enumerate(pairs))
-    record["fresh_max_diff"] = diff
+    _call(fresh, torch.randint(0, V, tuple(x.shape), generator=gen).to(device))   # not scored
+    cuts = _cuts(secret, len(pairs), T)
+    for i, c in enumerate(cuts):
+        x[i, c:] = torch.randint(0, V, (T - c,), generator=gen).to(device)
+    again = _nll(_call(fresh, x), y).double().cpu()      # against the real targets: the main pass's losses
+    before = max(float((again[i, :c - 1] - sample[p][:c - 1]).abs().max()) if c > 1 else 0.0
+                 for i, (p, c) in enumerate(zip(pairs, cuts)))
+    at_cut = max(float((again[i, c - 1] - sample[p][c - 1]).abs()) for i, (p, c) in enumerate(zip(pairs, cuts)))
+    record["fresh_max_diff"] = max(before, at_cut)
     tol = float(req.get("tolerance", 1e-3))
-    if diff > tol:
+    if before > tol:
         raise Rejected(f"the model's logits depend on what it was shown before: {len(pairs)} secret rows scored "
-                       f"again by a fresh model process (shown only random rows before) gave losses {diff:.3g} apart "
-                       f"(tolerance {tol:g}); a row's logits must depend on that row alone")
+                       f"again by a fresh model process (shown only random rows before) gave losses {before:.3g} "
+                       f"apart (tolerance {tol:g}); a row's logits must depend on that row alone")
+    if at_cut > tol:
+        raise Rejected(f"the model looks ahead: {len(pairs)} secret rows scored again by a fresh model process, each "
+                       f"with random tokens after a secret cut, gave a loss {at_cut:.3g} apart at the position before "
+                       f"the cut (tolerance {tol:g}); attention must be causal")
 
 
 def _host_buffers(job: Path, B: int, T: int, V: int):
@@ -691,7 +720,7 @@ def _check_causal(worker, x, logits, secret, req: dict, record: dict) -> None:
     k = min(int(req.get("causal_rows", 4)), B)
     tol = float(req.get("tolerance", 1e-3))
     rows = secret.sample(range(B), k)
-    cuts = {r: secret.randrange(max(1, T // 4), T) for r in rows}
+    cuts = dict(zip(rows, _cuts(secret, k, T)))
     probe = x.clone()
     gen = torch.Generator().manual_seed(secret.getrandbits(63))
     for r, c in cuts.items():
