@@ -12,6 +12,8 @@ import pytest
 
 from autoresearch.harness import gputime
 
+from fixtures.nvml import NvmlStandIn
+
 pytestmark = pytest.mark.fast
 DATA = json.loads((Path(__file__).parent / "data" / "nvml_samples_h200.json").read_text())
 
@@ -43,50 +45,6 @@ def test_what_the_samples_integrate_to_against_what_the_burners_measured(case, e
 ])
 def test_busy_seconds_rules(samples, pids, expect):
     assert gputime.busy_seconds(samples, pids, 0.2) == pytest.approx(expect)
-
-
-class NvmlStandIn:
-    """The few NVML calls the meter makes, answering from a script: `samples` per device, `refuse` an error code."""
-    NVML_ERROR_NOT_FOUND, NVML_ERROR_NO_PERMISSION = 6, 4
-
-    class NVMLError(Exception):
-        def __init__(self, value):
-            self.value = value
-            super().__init__({6: "Not Found", 4: "Insufficient Permissions"}.get(value, str(value)))
-
-    def __init__(self, samples=(), refuse=None, gpus=1):
-        self.samples, self.refuse, self.gpus = list(samples), refuse, gpus
-        self.other: list = []         # GPU 1's samples
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return self.gpus
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetProcessUtilization(self, handle, last):
-        if self.refuse:
-            raise self.NVMLError(self.refuse)
-        new = [types.SimpleNamespace(pid=p, timeStamp=t, smUtil=sm) for p, t, sm in (self.other if handle else
-                                                                                     self.samples) if t > last]
-        if not new:
-            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
-        return new
-
-    procs: dict = {}                  # GPU -> {pid: bytes}: what nvmlDeviceGetComputeRunningProcesses lists
-    memory: dict = {}                 # GPU -> (free, total) bytes
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        if self.refuse:
-            raise self.NVMLError(self.refuse)
-        return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs.get(handle, {}).items()]
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        free, total = self.memory[handle]
-        return types.SimpleNamespace(free=free, total=total, used=total - free)
 
 
 def test_the_meter_counts_the_runs_processes_as_they_come_and_skips_what_came_before():

@@ -11,6 +11,9 @@ import pytest
 
 from autoresearch.executors.local import GpuTurn
 from autoresearch.experiment import headstart
+from autoresearch.harness import gputime
+
+from fixtures.nvml import NvmlStandIn
 
 pytestmark = pytest.mark.fast
 GiB = 2**30
@@ -212,8 +215,6 @@ def test_only_the_evaluators_reported_gpu_seconds_come_back_not_a_process_that_l
     the GPU while its own window trains, hoping its window is paid for that as for an evaluation beside it. Only
     the evaluators' processes are read; and an evaluator's worker that exits is given back what the driver
     reported, not the wall time to its exit (as a run's exiting helper is charged)."""
-    from tests.test_gputime import NvmlStandIn
-    from autoresearch.harness import gputime
     turn = GpuTurn(threading.Event())
     evaluator = {40, 41}                             # the server and a model worker of the other slot
     turn.evaluating(1, lambda: set(evaluator))

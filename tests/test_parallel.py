@@ -278,10 +278,11 @@ def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_wind
     seconds are read): once a start-up has been measured on the GPU, the next run's clock starts ("go") while the
     other run still trains; its first batch waits for the turn, and that wait is not its start-up's. Two windows
     never overlap. The last run burns 6 CPU-s in its start-up (the stand-in's own takes about 1): beside the
-    other's window, as after it, the excess comes off its window. Every start-up sleeps 1.5 s (wall, no CPU), as
-    a GPU's compile takes seconds: the lead, then, is seconds. 7-s windows: the next run's launcher (torch's
-    import, 2-4 s on a busy 2-core machine) is ready one start-up before the other's window ends."""
-    root = make_repo(tmp_path, START_DELAY=1.5)
+    other's window, as after it, the excess comes off its window. Every start-up sleeps 2.5 s (wall, no CPU), as
+    a GPU's compile takes seconds: the lead, then, is seconds, more than the up to one step (about 1.5 s here)
+    by which a run ends before its window does. 7-s windows: the next run's launcher (torch's import, 2-4 s on a
+    busy 2-core machine) is ready one start-up before the other's window ends."""
+    root = make_repo(tmp_path, START_DELAY=2.5)
     said: list[str] = []
     lp = ParallelLoop(cfg(gpus="cpu:2", time_budget=7.0, head_start=True, startup_allowance=60.0), root, "t",
                       executor=LocalExecutor([Slot(0, 0), Slot(1, 0)]), on_event=lambda e: said.append(e.message))
@@ -304,7 +305,7 @@ def test_with_a_head_start_the_next_run_goes_beside_the_last_seconds_of_the_wind
         a, b = timing[i - 1], timing[i]
         assert b["head_start"] is not None, timing
         assert b["process_start"] < a["process_exit"] <= b["window_start"], (a, b)   # go beside it, batch after
-        assert a["window_end"] - b["process_start"] > 1.0, (a, b)    # about one start-up (1.5 s) ahead
+        assert a["window_end"] - b["process_start"] > 1.0, (a, b)    # about one start-up (2.5 s) ahead
         waited = b["window_start"] - b["process_start"] - metrics[i]["startup_seconds"]
         assert waited == pytest.approx(b["turn_wait"], abs=0.05), (b, metrics[i])   # the wait is not start-up
     assert metrics[3]["startup_cpu"] > 5.0 and "cut by" in (metrics[3]["window_note"] or ""), metrics[3]
