@@ -52,8 +52,8 @@ the run is gone) or "stop ID" (nothing to score).
 
 REQUEST (JSON): tok_dir, dataset, seq_len, eval_tokens, holdout_tokens, rows, device, manifest {file: sha256},
 checkpoint, source, train_file, job_dir, record, private, timeout, sandbox (bool), policy (the worker's
-sandbox policy), tolerance; fresh_job_dir, fresh_policy, fresh_rows (the fresh worker's folder, policy and rows;
-without fresh_job_dir there is no fresh re-score).
+sandbox policy), tolerance; fresh_job_dir, fresh_policy, fresh_rows, fresh_calls (the fresh worker's folder, policy,
+rows a call and calls, FRESH_CALLS by default; without fresh_job_dir there is no fresh re-score).
 """
 
 from __future__ import annotations
@@ -412,7 +412,8 @@ class Evaluation:
         self.secret = secrets.SystemRandom()
         check_at = self.secret.randrange(len(batches))
         if self.fresh_lane:
-            self.sample = _fresh_sample(self.secret, len(batches) + len(held), self.B, self.fresh_lane[1])
+            self.sample = _fresh_sample(self.secret, len(batches) + len(held), self.B,
+                                        self.fresh_lane[1] * max(1, int(self.req.get("fresh_calls", FRESH_CALLS))))
         nats, nbytes = _score(self.worker, batches, self.token_bytes, record["eval_tokens"], self.device,
                               check=(check_at, self.secret, self.req, record), keep=self.sample)
         if nbytes == 0:
@@ -581,6 +582,9 @@ def _fresh_sample(secret, n_batches: int, B: int, k: int) -> dict:
     return {p: None for p in out}
 
 
+FRESH_CALLS = 4      # calls of sampled rows the fresh worker scores: each row there is one look-ahead probe (_cuts)
+
+
 def _cuts(secret, k: int, T: int) -> list[int]:
     """k secret cut points in [1, T), one in each of k equal strata of the row, in a secret order: a row's
     tokens from its cut on are replaced by random ones, and its logits before the cut must not move. Every
@@ -609,11 +613,13 @@ def _check_fresh(fresh, batches, sample: dict, secret, device, req: dict, record
     y = torch.stack([batches[b][1][r] for b, r in pairs]).to(device)
     T, V = x.size(1), fresh.out.size(-1)
     gen = torch.Generator().manual_seed(secret.getrandbits(63))
-    _call(fresh, torch.randint(0, V, tuple(x.shape), generator=gen).to(device))   # not scored
+    n = fresh.out.size(0)                                # rows a call
+    _call(fresh, torch.randint(0, V, (min(n, len(pairs)), T), generator=gen).to(device))   # not scored
     cuts = _cuts(secret, len(pairs), T)
     for i, c in enumerate(cuts):
         x[i, c:] = torch.randint(0, V, (T - c,), generator=gen).to(device)
-    again = _nll(_call(fresh, x), y).double().cpu()      # against the real targets: the main pass's losses
+    again = torch.cat([_nll(_call(fresh, x[i:i + n]), y[i:i + n]).double().cpu()    # against the real targets:
+                       for i in range(0, len(pairs), n)])                          # the main pass's losses
     before = max(float((again[i, :c - 1] - sample[p][:c - 1]).abs().max()) if c > 1 else 0.0
                  for i, (p, c) in enumerate(zip(pairs, cuts)))
     at_cut = max(float((again[i, c - 1] - sample[p][c - 1]).abs()) for i, (p, c) in enumerate(zip(pairs, cuts)))
