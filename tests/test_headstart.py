@@ -253,3 +253,28 @@ def test_an_evaluator_server_names_its_processes_while_it_runs_and_none_once_sto
     finally:
         server.close()
     assert server.pids() == set()
+
+
+def test_a_window_gets_back_both_neighbours_seconds_and_the_next_head_start_is_timed_from_its_new_end():
+    """TrainingRun.lent, what the feed adds to the holder's window: the head start's GPU seconds (its own meter) and
+    the evaluators' (a meter from the window's opening over their processes); the turn's window end moves with it,
+    so the next run's head start is timed from the end the window now has."""
+    from autoresearch.experiment.execute import TrainingRun
+    turn = GpuTurn(threading.Event())
+    run = TrainingRun.__new__(TrainingRun)          # the parts lent() reads, without a process
+    run.turn, run.taken, run.window_end0, run.given = turn, True, 100.0, (0.0, 0.0)
+    assert turn.take(run) == "turn"
+    turn.opened(run, 100.0, lambda: {30})
+    assert turn.take("next", early=lambda: True) == "early"
+    turn.started_early("next", lambda: 0.4)         # the next run's warm-up steps beside the window
+    turn.evaluating(1, lambda: {40})                # the other slot's evaluator
+    nv = NvmlStandIn()
+    run.eval_meter, _ = gputime.open_meter(nv)
+    run.eval_meter.floor_exits = False
+    run.eval_meter.start(turn.evaluator_pids)
+    t0 = run.eval_meter._last[0]
+    nv.samples = [(40 if k % 2 else 30, t0 + k * 200_000, 100) for k in range(1, 81)]   # each 0.2-s period goes
+    # to one process: the evaluator's every other one, the window's own run (30) the rest
+    assert run.lent() == pytest.approx(0.4 + 8.0)
+    assert run.given == pytest.approx((0.4, 8.0)) and turn.window_end == pytest.approx(108.4)
+    run.eval_meter.stop()
