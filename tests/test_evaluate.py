@@ -566,3 +566,55 @@ def test_secret_cuts_fall_one_in_each_stretch_of_the_row_and_anywhere_in_it(k, T
         seen |= set(cuts)
     if 400 >= 12 * (T - 1) / k:                   # each position missed with odds under e^-12
         assert seen == set(range(1, T)), sorted(set(range(1, T)) - seen)[:10]
+
+
+class _AnsweringWorker:
+    """A model worker reduced to its buffers and an answer: logits for the rows it is sent."""
+
+    def __init__(self, rows: int, T: int, vocab: int, answer):
+        self.inp = torch.zeros(rows, T, dtype=torch.int64)
+        self.out = torch.zeros(rows, T, vocab)
+        self.answer, self.n = answer, 0
+
+    def send(self, line: str) -> None:
+        self.n = int(line.split()[1]) if line.startswith("run ") else self.n
+
+    def expect(self, what: str) -> None:
+        if what == "ok":
+            self.out[:self.n] = self.answer(self.inp[:self.n])
+
+
+def _honest(x, V=16):
+    return torch.linspace(-1, 1, V).expand(*x.shape, V).clone()
+
+
+def _looks_ahead(x, V=16):
+    out = _honest(x, V)
+    out.scatter_add_(2, torch.roll(x, -1, 1).unsqueeze(-1), torch.full((*x.shape, 1), 3.0))
+    return out
+
+
+@pytest.mark.parametrize("main, fresh, says", [
+    (_honest, _honest, None),                        # the control: an honest model passes
+    (_looks_ahead, _looks_ahead, "looks ahead"),     # the main pass scored a look ahead (written after "ok", say,
+    (_looks_ahead, _honest, "shown before"),         # once the probe's copy was taken): a fresh worker that looks
+])                                                   # ahead the same way, or answers honestly, is caught
+def test_the_fresh_re_score_catches_any_main_pass_that_scored_a_look_ahead(main, fresh, says):
+    """_check_fresh against the main pass's kept losses: whatever the fresh worker answers, a row the main pass
+    scored from look-ahead logits cannot be matched before a secret cut it never saw past."""
+    import random
+    from autoresearch.harness import evaluator as ev
+    T, V, B = 15, 16, 4
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(1, V, (B, T + 1), generator=gen) for _ in range(2)]
+    batches = [(r[:, :-1], r[:, 1:]) for r in rows]
+    sample = {(b, r): ev._nll(main(x), y)[r].double() for b, (x, y) in enumerate(batches) for r in range(B)}
+    record: dict = {}
+    check = lambda: ev._check_fresh(_AnsweringWorker(B, T, V, fresh), batches, dict(sample), random.Random(1),  # noqa
+                                    torch.device("cpu"), {"tolerance": 1e-3}, record)
+    if says is None:
+        check()
+        assert record["fresh_max_diff"] == 0
+    else:
+        with pytest.raises(ev.Rejected, match=says):
+            check()
