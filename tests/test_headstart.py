@@ -219,8 +219,7 @@ def test_only_the_evaluators_reported_gpu_seconds_come_back_not_a_process_that_l
     evaluator = {40, 41}                             # the server and a model worker of the other slot
     turn.evaluating(1, lambda: set(evaluator))
     nv = NvmlStandIn()
-    meter, _ = gputime.open_meter(nv)
-    meter.floor_exits = False
+    meter = gputime.GpuMeter(nv, [0], floor_exits=False)     # as TrainingRun makes the window's
     clock = [100.0]
     meter.now = lambda: clock[0]
     alive = {40, 41, 77}
@@ -269,8 +268,7 @@ def test_a_window_gets_back_both_neighbours_seconds_and_the_next_head_start_is_t
     turn.started_early("next", lambda: 0.4)         # the next run's warm-up steps beside the window
     turn.evaluating(1, lambda: {40})                # the other slot's evaluator
     nv = NvmlStandIn()
-    run.eval_meter, _ = gputime.open_meter(nv)
-    run.eval_meter.floor_exits = False
+    run.eval_meter = gputime.GpuMeter(nv, [0], floor_exits=False)
     run.eval_meter.start(turn.evaluator_pids)
     t0 = run.eval_meter._last[0]
     nv.samples = [(40 if k % 2 else 30, t0 + k * 200_000, 100) for k in range(1, 81)]   # each 0.2-s period goes

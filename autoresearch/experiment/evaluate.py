@@ -25,10 +25,6 @@ from autoresearch.experiment.request import RunRequest
 from autoresearch.experiment.execute import Workspace, tree_pids
 
 _ENV = KEPT_ENV + ("AR_GPU_MEMORY_GB", "LD_LIBRARY_PATH")
-# calls of secret rows the fresh worker scores, each row cut at a secret point: one look-ahead probe a row
-# (harness/evaluator._check_fresh). On a GPU a call of 32 rows costs about 45 ms (H100, eager), so 16 calls (512
-# probes) add about 0.7 s to an evaluation; on a CPU, 4 calls of 4 rows.
-FRESH_CALLS_GPU, FRESH_CALLS_CPU = 16, 4
 
 
 @dataclass
@@ -132,7 +128,6 @@ class Evaluation:
                "timeout": req.eval_allowance, "sandbox": req.sandbox, "policy": worker_policy(ws, tok_dir=req.tok_dir),
                "fresh_job_dir": str(fresh_job(ws)), "fresh_policy": worker_policy(ws, fresh_job(ws), req.tok_dir),
                "fresh_rows": req.eval_rows if req.device == "cuda" else min(req.eval_rows, 4),
-               "fresh_calls": FRESH_CALLS_GPU if req.device == "cuda" else FRESH_CALLS_CPU,
                "tolerance": 1e-3 if req.device == "cpu" else 2e-3}
         record.unlink(missing_ok=True)
         self.submitted = server.send(json.dumps(doc))

@@ -286,11 +286,10 @@ class TrainingRun:
             self.turn.startups.append((wall, self.early_by is not None))
             self.window_end0 = time.time() + self.req.time_budget - cost
             self.turn.opened(self, self.window_end0, lambda: tree_pids(self.proc))
-            if self.meter is not None:               # the evaluations beside the window, from its opening
-                self.eval_meter = gputime.open_meter()[0]
-                if self.eval_meter is not None:
-                    self.eval_meter.floor_exits = False
-                    self.eval_meter.start(self.turn.evaluator_pids)
+            if self.meter is not None:   # the evaluations beside the window, from its opening (on the run's own
+                # meter's bindings: no second NVML start while the first batch waits)
+                self.eval_meter = gputime.GpuMeter(self.meter.nv, self.meter.handles, floor_exits=False)
+                self.eval_meter.start(self.turn.evaluator_pids)
         if cpu is not None:
             self.samples.append((time.time(), cpu))
             threading.Thread(target=self.sample, name="ar-cpu", daemon=True).start()

@@ -66,7 +66,7 @@ class GpuMeter:
     """Reads every GPU's per-process samples in a background thread from `start()`; `seconds()` is what the
     processes `pids_of()` names (asked at every read: a run's process tree changes) have used since then."""
 
-    def __init__(self, nvml, handles: list):
+    def __init__(self, nvml, handles: list, floor_exits: bool = True):
         self.nv, self.handles = nvml, handles
         self.samples: list[list[tuple[int, int, int]]] = [[] for _ in handles]   # per GPU, every process's: the
         # period is read per GPU (another GPU's samples, another slot's, would halve the gaps between them)
@@ -74,8 +74,8 @@ class GpuMeter:
         self.gone: dict[int, int] = {}                     # pid -> when (µs) a read first found it gone
         self.now: Callable[[], float] = time.time          # the clock (a test's own)
         self.alive: Callable[[int], bool] = process_alive  # whether a process still exists (a test's own)
-        self.floor_exits = True    # charge an exited process from its first sample to its exit (charged_seconds);
-        # off where the seconds are given back rather than charged (what the driver reported, and no more)
+        self.floor_exits = floor_exits   # charge an exited process from its first sample to its exit
+        # (charged_seconds); off where the seconds are given back rather than charged (what the driver reported)
         self._last = [0] * len(handles)
         self._stop = threading.Event()
         self._lock = threading.Lock()
